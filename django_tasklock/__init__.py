@@ -1,0 +1,22 @@
+"""django-tasklock: "at most one of these at a time" for Django background work."""
+
+from __future__ import annotations
+
+from django_tasklock.backends.base import BaseProvider, HeldLock, Holder
+from django_tasklock.exceptions import LockNotAcquired, TaskLockError
+from django_tasklock.service import LockResult, TaskLockService, run_exclusive
+from django_tasklock.signals import lock_acquired, lock_lost, lock_released
+
+__all__ = [
+    "BaseProvider",
+    "HeldLock",
+    "Holder",
+    "LockNotAcquired",
+    "LockResult",
+    "TaskLockError",
+    "TaskLockService",
+    "lock_acquired",
+    "lock_lost",
+    "lock_released",
+    "run_exclusive",
+]

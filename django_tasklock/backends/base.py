@@ -1,0 +1,145 @@
+"""The provider contract: what a storage backend must do for the lock service.
+
+A provider stores at most one lease per key. Every method takes the *caller's*
+key (``"community-pr:abc-123"``); the provider stores it as
+``"task-lock:" + key`` and never reads, lists or deletes anything that does not
+start with that prefix.
+
+Times that decide who holds a key (expiry, the 24 h staleness cap) come from
+the storage's own clock (the database server, Redis), never from the worker's,
+so that workers with skewed clocks cannot steal a live lease or keep a dead one.
+
+Providers know nothing of the service, heartbeats, decorators or asyncio; the
+service drives them through these methods only. A provider instance must be
+safe to use from several threads at once.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+
+KEY_PREFIX = "task-lock:"
+#: A row whose holder acquired it longer ago than this is abandoned, whatever
+#: its ``expires_at``. Equal to the largest allowed ``max_lifetime``.
+STALE_AFTER = timedelta(hours=24)
+
+
+def storage_key(key: str) -> str:
+    """The key as stored: the caller's key with the namespace prefix."""
+    return KEY_PREFIX + key
+
+
+def caller_key(stored: str) -> str:
+    """The caller's key from a stored key."""
+    return stored[len(KEY_PREFIX) :]
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """Who holds a lease: the host and pid named in its token (never the secret)."""
+
+    host: str
+    pid: int | None
+
+    @classmethod
+    def from_token(cls, token: str) -> Holder:
+        """Parse ``host:pid:secret``; foreign or damaged values give pid ``None``."""
+        host, _, rest = token.rpartition(":")
+        host, _, pid = host.rpartition(":")
+        return cls(host=host or "?", pid=int(pid) if pid.isdigit() else None)
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.pid if self.pid is not None else '?'}"
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldLock:
+    """A live lease as seen by :meth:`BaseProvider.peek` and :meth:`BaseProvider.list`."""
+
+    key: str  #: the caller's key, without the ``task-lock:`` prefix
+    holder: Holder
+    acquired_at: datetime  #: aware, UTC, by the storage's clock
+    expires_at: datetime  #: aware, UTC, by the storage's clock
+    seconds_left: float  #: by the storage's clock at the time of reading
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a provider can promise, so the contract suite asks only that.
+
+    ``cross_process``: two processes (or machines) exclude each other.
+    ``server_clock``: expiry is judged by a clock shared by every worker.
+    """
+
+    cross_process: bool = True
+    server_clock: bool = True
+
+
+class BaseProvider(abc.ABC):
+    """Storage for leases. Subclass it and name the class in ``TASKLOCK_BACKEND``.
+
+    ``ttl`` and ``max_lifetime`` arrive validated (positive, ``max_lifetime``
+    at most 24 h). A provider raises its storage's own exceptions when the
+    storage cannot be reached: the service reports them, never as "held".
+    """
+
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    @classmethod
+    def from_settings(cls) -> BaseProvider:
+        """Build the provider from Django settings (``TASKLOCK_*``)."""
+        return cls()
+
+    @classmethod
+    def check(cls) -> list[Any]:
+        """System-check messages about this provider's configuration."""
+        return []
+
+    @abc.abstractmethod
+    def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
+        """Store a lease for ``key`` held by ``token``, ending ``ttl`` from now.
+
+        Returns False when a live lease of another holder exists. A lease that
+        has expired, or whose holder acquired it more than 24 h ago, is taken
+        over. ``max_lifetime`` is recorded or enforced so that no later
+        :meth:`refresh` extends the lease past acquisition + ``max_lifetime``.
+        """
+
+    @abc.abstractmethod
+    def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
+        """Extend a live lease held by ``token`` to ``ttl`` from now.
+
+        Never past acquisition + ``max_lifetime``, and never resurrecting a
+        lease that has already expired. Returns False when the lease is gone
+        or held by another token (the caller has lost it); True otherwise,
+        including when the cap kept the lease from being extended.
+        """
+
+    @abc.abstractmethod
+    def release(self, key: str, token: str) -> bool:
+        """Delete the lease if, and only if, ``token`` holds it. True if deleted."""
+
+    @abc.abstractmethod
+    def force_release(self, key: str) -> bool:
+        """Delete the lease of ``key`` whoever holds it (operators only). True if deleted."""
+
+    @abc.abstractmethod
+    def peek(self, key: str) -> HeldLock | None:
+        """The live lease of ``key``, or None when nobody holds it."""
+
+    @abc.abstractmethod
+    def list(self) -> list[HeldLock]:
+        """Every live lease, ordered by key."""
+
+    @abc.abstractmethod
+    def clear_stale(self, *, dry_run: bool = False) -> int:
+        """Delete expired and abandoned (older than 24 h) leases; return how many.
+
+        With ``dry_run`` nothing is deleted and the count is of what would be.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+        """Let go of connections the calling thread holds (called by idle threads)."""

@@ -1,0 +1,134 @@
+"""Leases in this process's memory, for users' unit tests and single-process tools.
+
+Nothing is shared between processes: two workers each get their own locks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+
+from django_tasklock.backends.base import (
+    STALE_AFTER,
+    BaseProvider,
+    Capabilities,
+    HeldLock,
+    Holder,
+)
+
+
+@dataclasses.dataclass
+class _Lease:
+    token: str
+    acquired: float  # by the provider's clock, in seconds
+    expires: float
+
+
+class MemoryProvider(BaseProvider):
+    """Leases in a dict guarded by one lock; safe across threads, not processes.
+
+    Expiry is judged by ``clock`` (``time.monotonic`` unless a test injects a
+    fake one). Reported datetimes are UTC wall-clock times placed relative to
+    ``clock``, so a fake clock moves them too. A lease that has expired stays
+    in the dict until it is taken over or swept, but every method treats it
+    as gone: it cannot be refreshed, released (returns False) or seen.
+    """
+
+    capabilities = Capabilities(cross_process=False, server_clock=False)
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._leases: dict[str, _Lease] = {}
+        self._lock = threading.Lock()
+
+    def _live(self, key: str, now: float) -> _Lease | None:
+        lease = self._leases.get(key)
+        return lease if lease is not None and not self._is_free(lease, now) else None
+
+    @staticmethod
+    def _is_free(lease: _Lease, now: float) -> bool:
+        return lease.expires <= now or now - lease.acquired > STALE_AFTER.total_seconds()
+
+    def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
+        """Take ``key`` unless a live lease holds it; expired or 24 h old ones are taken over.
+
+        The first lease lasts ``min(ttl, max_lifetime)``, so even it respects the cap.
+        """
+        with self._lock:
+            now = self._clock()
+            if self._live(key, now) is not None:
+                return False
+            lease_seconds = min(ttl, max_lifetime).total_seconds()
+            self._leases[key] = _Lease(token=token, acquired=now, expires=now + lease_seconds)
+            return True
+
+    def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
+        """End the lease at ``min(now + ttl, acquired + max_lifetime)``, never reviving it.
+
+        Past the cap the lease is left to expire, and True is still returned.
+        """
+        with self._lock:
+            now = self._clock()
+            lease = self._live(key, now)
+            if lease is None or lease.token != token:
+                return False
+            expires = min(now + ttl.total_seconds(), lease.acquired + max_lifetime.total_seconds())
+            if expires > now:
+                lease.expires = expires
+            return True
+
+    def release(self, key: str, token: str) -> bool:
+        """Delete the lease held by ``token``; False if it expired or another holds it."""
+        with self._lock:
+            lease = self._leases.get(key)
+            if lease is None or lease.token != token:
+                return False
+            del self._leases[key]
+            return not self._is_free(lease, self._clock())
+
+    def force_release(self, key: str) -> bool:
+        """Delete ``key``'s lease; True only if it was live."""
+        with self._lock:
+            lease = self._leases.pop(key, None)
+            return lease is not None and not self._is_free(lease, self._clock())
+
+    def peek(self, key: str) -> HeldLock | None:
+        with self._lock:
+            now = self._clock()
+            lease = self._live(key, now)
+            return None if lease is None else self._held(key, lease, now)
+
+    def list(self) -> list[HeldLock]:
+        """Every live lease, ordered by key."""
+        with self._lock:
+            now = self._clock()
+            return [
+                self._held(key, lease, now)
+                for key, lease in sorted(self._leases.items())
+                if not self._is_free(lease, now)
+            ]
+
+    def clear_stale(self, *, dry_run: bool = False) -> int:
+        """Delete expired and 24 h old leases; return how many (or would be, with ``dry_run``)."""
+        with self._lock:
+            now = self._clock()
+            stale = [key for key, lease in self._leases.items() if self._is_free(lease, now)]
+            if not dry_run:
+                for key in stale:
+                    del self._leases[key]
+            return len(stale)
+
+    @staticmethod
+    def _held(key: str, lease: _Lease, now: float) -> HeldLock:
+        # HeldLock promises aware UTC whatever USE_TZ says, so not timezone.now().
+        wall = datetime.now(timezone.utc)
+        return HeldLock(
+            key=key,
+            holder=Holder.from_token(lease.token),
+            acquired_at=wall - timedelta(seconds=now - lease.acquired),
+            expires_at=wall + timedelta(seconds=lease.expires - now),
+            seconds_left=lease.expires - now,
+        )

@@ -1,0 +1,322 @@
+"""Leases in Redis: one string key per lock, expired by Redis itself.
+
+The stored value is ``"<token>@<acquired_ms>"``, the acquisition time in
+milliseconds by the Redis server's clock (``TIME``), so that refresh can cap a
+lease at acquisition + ``max_lifetime`` and ``list`` can say when it began.
+Every decision is made inside a Lua script, atomically and by the server's
+clock; no worker's clock is ever consulted.
+
+A key in the namespace is *free* (taken over by :meth:`RedisProvider.acquire`,
+deleted by :meth:`RedisProvider.clear_stale`, hidden from ``peek``/``list``)
+when it is gone, when it has no TTL (no lease written here lacks one), or when
+its acquisition is more than 24 h old. A value not in our format but with a
+TTL (another tool's, or an older version's) is treated as held until it
+expires: we never steal what we cannot date.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import threading
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.core import checks
+from django.core.cache import InvalidCacheBackendError
+from django.core.exceptions import ImproperlyConfigured
+from redis.commands.core import Script
+
+from django_tasklock.backends.base import (
+    KEY_PREFIX,
+    STALE_AFTER,
+    BaseProvider,
+    HeldLock,
+    Holder,
+    caller_key,
+    storage_key,
+)
+
+_PRELUDE = """
+-- Lets Redis < 5 replicate writes made after the non-deterministic TIME.
+if redis.replicate_commands then redis.replicate_commands() end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- token, acquired_ms of a value written here; nil for anything else.
+local function parse(value)
+  if type(value) ~= 'string' then return nil end
+  local token, ms = string.match(value, '^(.*)@(%d+)$')
+  if not token then return nil end
+  return token, tonumber(ms)
+end
+local function is_free(key, now, stale_ms)
+  local pttl = redis.call('PTTL', key)
+  if pttl == -2 then return false end
+  if pttl == -1 then return true end
+  local _, at = parse(redis.pcall('GET', key))
+  return at ~= nil and now - at > stale_ms
+end
+"""
+
+# KEYS[1]; ARGV: token, ttl_ms, stale_ms. 1 if acquired.
+_ACQUIRE = """
+local now = now_ms()
+local value = ARGV[1] .. '@' .. string.format('%.0f', now)
+if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then return 1 end
+if is_free(KEYS[1], now, tonumber(ARGV[3])) then
+  redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# KEYS[1]; ARGV: token, ttl_ms, max_lifetime_ms. 0 if the lease is lost.
+_REFRESH = """
+local token, at = parse(redis.pcall('GET', KEYS[1]))
+if token ~= ARGV[1] then return 0 end
+local left = math.min(tonumber(ARGV[2]), at + tonumber(ARGV[3]) - now_ms())
+if left > 0 then redis.call('PEXPIRE', KEYS[1], left) end
+return 1
+"""
+
+# KEYS[1]; ARGV: token. 1 if deleted.
+_RELEASE = """
+local token = parse(redis.pcall('GET', KEYS[1]))
+if token == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# KEYS[1]; ARGV: stale_ms. {value, pttl, now_ms} of a held key; nil if free.
+_INSPECT = """
+local now = now_ms()
+if redis.call('EXISTS', KEYS[1]) == 0 or is_free(KEYS[1], now, tonumber(ARGV[1])) then
+  return nil
+end
+local value = redis.pcall('GET', KEYS[1])
+if type(value) ~= 'string' then value = '' end
+return {value, redis.call('PTTL', KEYS[1]), now}
+"""
+
+# KEYS[1]; ARGV: stale_ms, '1' to delete. 1 if the key is free (and now deleted).
+_CLEAR = """
+if not is_free(KEYS[1], now_ms(), tonumber(ARGV[1])) then return 0 end
+if ARGV[2] == '1' then redis.call('DEL', KEYS[1]) end
+return 1
+"""
+
+_SCRIPTS = {
+    "acquire": _ACQUIRE,
+    "refresh": _REFRESH,
+    "release": _RELEASE,
+    "inspect": _INSPECT,
+    "clear": _CLEAR,
+}
+_VALUE = re.compile(r"(.*)@([0-9]+)", re.DOTALL)  # the Lua pattern '^(.*)@(%d+)$'
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_STALE_MS = int(STALE_AFTER / timedelta(milliseconds=1))
+_BATCH = 500
+
+
+def _ms(duration: timedelta) -> int:
+    return max(1, math.ceil(duration / timedelta(milliseconds=1)))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+class RedisProvider(BaseProvider):
+    """Leases in Redis, judged by the Redis server's clock.
+
+    Give exactly one source: a ``redis.Redis`` ``client``, a ``url``, or the
+    ``cache_alias`` of a django-redis cache. The connection is made on first
+    use, never at construction or import. Connection errors propagate.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis | None = None,
+        *,
+        url: str | None = None,
+        cache_alias: str | None = None,
+    ) -> None:
+        if sum(source is not None for source in (client, url, cache_alias)) != 1:
+            raise TypeError("RedisProvider takes exactly one of client, url and cache_alias")
+        self._client = client
+        self._url = url
+        self._cache_alias = cache_alias
+        self._scripts: dict[str, Script] = {}
+        self._init_lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls) -> RedisProvider:
+        """``TASKLOCK_REDIS_URL`` when set, else the ``TASKLOCK_REDIS_CACHE`` alias."""
+        from django_tasklock.conf import conf
+
+        if conf.REDIS_URL:
+            return cls(url=conf.REDIS_URL)
+        return cls(cache_alias=conf.REDIS_CACHE)
+
+    @classmethod
+    def check(cls) -> list[Any]:
+        """E002-E004: the django-redis cache is missing or unusable (unless a URL is set)."""
+        from django_tasklock.conf import conf
+
+        if conf.REDIS_URL:
+            return []
+        errors: list[Any] = []
+        alias = conf.REDIS_CACHE
+        if importlib.util.find_spec("django_redis") is None:
+            errors.append(
+                checks.Error(
+                    "The Redis lock backend needs django-redis, which is not installed.",
+                    hint="pip install django-tasklock[redis], or set TASKLOCK_REDIS_URL.",
+                    id="django_tasklock.E002",
+                )
+            )
+        cache = settings.CACHES.get(alias)
+        if cache is None:
+            errors.append(
+                checks.Error(
+                    f"TASKLOCK_REDIS_CACHE names the cache {alias!r}, which is not in CACHES.",
+                    hint="Add a django-redis cache under that alias, or set "
+                    "TASKLOCK_REDIS_CACHE or TASKLOCK_REDIS_URL.",
+                    id="django_tasklock.E003",
+                )
+            )
+        elif not str(cache.get("BACKEND", "")).startswith("django_redis."):
+            errors.append(
+                checks.Error(
+                    f"The cache {alias!r} (TASKLOCK_REDIS_CACHE) is not a django-redis cache.",
+                    hint='Use BACKEND "django_redis.cache.RedisCache" for it, or set '
+                    "TASKLOCK_REDIS_URL.",
+                    id="django_tasklock.E004",
+                )
+            )
+        return errors
+
+    def _ready(self) -> tuple[redis.Redis, dict[str, Script]]:
+        """The connection and its scripts, made on first use (once, whatever the threads)."""
+        if not self._scripts:
+            with self._init_lock:
+                if not self._scripts:
+                    client = self._connect() if self._client is None else self._client
+                    self._client = client
+                    # register_script calls EVALSHA and reloads the script on NOSCRIPT.
+                    self._scripts = {
+                        name: client.register_script(_PRELUDE + body)
+                        for name, body in _SCRIPTS.items()
+                    }
+        assert self._client is not None
+        return self._client, self._scripts
+
+    def _connect(self) -> redis.Redis:
+        if self._url is not None:
+            return redis.Redis.from_url(self._url)
+        try:
+            from django_redis import get_redis_connection
+        except ImportError as exc:
+            raise ImproperlyConfigured(
+                "TASKLOCK_REDIS_CACHE needs django-redis: pip install django-tasklock[redis] "
+                "(or set TASKLOCK_REDIS_URL)."
+            ) from exc
+        try:
+            connection: redis.Redis = get_redis_connection(self._cache_alias, write=True)
+        except (InvalidCacheBackendError, NotImplementedError) as exc:
+            raise ImproperlyConfigured(
+                f"TASKLOCK_REDIS_CACHE={self._cache_alias!r} must name a django-redis cache "
+                "in CACHES (or set TASKLOCK_REDIS_URL)."
+            ) from exc
+        return connection
+
+    def _run(self, name: str, key: str | bytes, *args: Any, client: Any = None) -> Any:
+        return self._ready()[1][name](keys=[key], args=args, client=client)
+
+    def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
+        """``SET NX PX`` by the server clock; also takes over a key abandoned for 24 h.
+
+        The first lease lasts ``min(ttl, max_lifetime)``, so even it respects the cap.
+        """
+        lease_ms = _ms(min(ttl, max_lifetime))
+        return bool(self._run("acquire", storage_key(key), token, lease_ms, _STALE_MS))
+
+    def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
+        """Set the TTL to ``min(ttl, acquired + max_lifetime - now)``; untouched if that is <= 0.
+
+        A lease that expired is gone from Redis, so it is reported lost, never revived.
+        """
+        return bool(self._run("refresh", storage_key(key), token, _ms(ttl), _ms(max_lifetime)))
+
+    def release(self, key: str, token: str) -> bool:
+        return bool(self._run("release", storage_key(key), token))
+
+    def force_release(self, key: str) -> bool:
+        return bool(self._ready()[0].delete(storage_key(key)))
+
+    def _batches(self) -> list[list[bytes | str]]:
+        # SCAN may return a key twice; the set keeps counts and listings exact.
+        found = sorted(set(self._ready()[0].scan_iter(match=KEY_PREFIX + "*", count=_BATCH)))
+        return [found[i : i + _BATCH] for i in range(0, len(found), _BATCH)]
+
+    @staticmethod
+    def _held(key: str, reply: Any) -> HeldLock | None:
+        if not reply:
+            return None
+        raw, pttl, now_ms = _text(reply[0]), int(reply[1]), int(reply[2])
+        now = _EPOCH + timedelta(milliseconds=now_ms)
+        parsed = _VALUE.fullmatch(raw)
+        if parsed:
+            holder = Holder.from_token(parsed[1])
+            acquired_at = _EPOCH + timedelta(milliseconds=int(parsed[2]))
+        else:
+            holder, acquired_at = Holder.from_token(raw), now
+        return HeldLock(
+            key=key,
+            holder=holder,
+            acquired_at=acquired_at,
+            expires_at=now + timedelta(milliseconds=pttl),
+            seconds_left=pttl / 1000,
+        )
+
+    def peek(self, key: str) -> HeldLock | None:
+        """The holding lease; a value not written here shows holder ``?`` (see :meth:`list`)."""
+        return self._held(key, self._run("inspect", storage_key(key), _STALE_MS))
+
+    def list(self) -> list[HeldLock]:
+        """Every held key in the namespace (found with ``SCAN``), ordered by key.
+
+        A value in the namespace that this provider did not write still blocks
+        acquisition until it expires, so it is listed (holder ``?`` unless it
+        looks like a bare token) with ``acquired_at`` the time of reading.
+        """
+        held = []
+        for batch in self._batches():
+            pipe = self._ready()[0].pipeline(transaction=False)
+            for stored in batch:
+                self._run("inspect", stored, _STALE_MS, client=pipe)
+            for stored, reply in zip(batch, pipe.execute(), strict=True):
+                lock = self._held(caller_key(_text(stored)), reply)
+                if lock is not None:
+                    held.append(lock)
+        return sorted(held, key=lambda lock: lock.key)
+
+    def clear_stale(self, *, dry_run: bool = False) -> int:
+        """Delete keys no lease should leave behind; return how many (or would be).
+
+        Redis deletes expired leases itself, so this only removes keys in the
+        namespace without a TTL and keys acquired more than 24 h ago; neither
+        should exist. Each key's condition is re-checked atomically as it is deleted.
+        """
+        count = 0
+        flag = "0" if dry_run else "1"
+        for batch in self._batches():
+            pipe = self._ready()[0].pipeline(transaction=False)
+            for stored in batch:
+                self._run("clear", stored, _STALE_MS, flag, client=pipe)
+            count += sum(int(reply) for reply in pipe.execute())
+        return count

@@ -1,0 +1,44 @@
+"""Settings, read at call time so that ``override_settings`` works in tests.
+
+Anything cached from these (the chosen provider) is dropped on Django's
+``setting_changed`` signal; see ``apps.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from django.conf import settings
+
+BACKEND_ENV_VAR = "TASKLOCK_BACKEND"
+
+
+class Settings:
+    @property
+    def BACKEND(self) -> str:  # noqa: N802 - settings read like settings
+        """``TASKLOCK_BACKEND``; when absent, the environment variable; else "database"."""
+        value = getattr(settings, "TASKLOCK_BACKEND", None)
+        if value is None:
+            value = os.environ.get(BACKEND_ENV_VAR) or "database"
+        return str(value)
+
+    @property
+    def DATABASE(self) -> str:  # noqa: N802
+        return str(getattr(settings, "TASKLOCK_DATABASE", "default"))
+
+    @property
+    def REDIS_CACHE(self) -> str:  # noqa: N802
+        return str(getattr(settings, "TASKLOCK_REDIS_CACHE", "default"))
+
+    @property
+    def REDIS_URL(self) -> str | None:  # noqa: N802
+        value = getattr(settings, "TASKLOCK_REDIS_URL", None)
+        return str(value) if value else None
+
+    @property
+    def DEFAULTS(self) -> dict[str, Any]:  # noqa: N802
+        return dict(getattr(settings, "TASKLOCK_DEFAULTS", None) or {})
+
+
+conf = Settings()

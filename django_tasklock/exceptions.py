@@ -1,0 +1,11 @@
+"""Exceptions raised by django-tasklock."""
+
+from __future__ import annotations
+
+
+class TaskLockError(Exception):
+    """Base class of django-tasklock's own errors."""
+
+
+class LockNotAcquired(TaskLockError):  # noqa: N818 - the name users expect
+    """The lock could not be acquired (raised only where the API says so)."""

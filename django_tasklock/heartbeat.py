@@ -1,0 +1,181 @@
+"""Keeping held leases alive: one daemon thread for the whole process.
+
+Every lease the process holds is scheduled on one heap; the thread sleeps until
+the earliest is due, refreshes it through its provider, and schedules it again
+``refresh_interval`` later. The thread is a daemon (it never keeps the process
+alive at exit), starts on the first lease, is recreated in a forked child, and
+lets go of its connections whenever it has nothing to keep alive.
+
+A lease stops being refreshed when it is released, found lost, or reaches
+``max_lifetime`` (then a warning is logged and the lease allowed to expire; the
+provider caps it on the storage side as well).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from django_tasklock.signals import lock_lost
+
+if TYPE_CHECKING:
+    from django_tasklock.backends.base import BaseProvider, Holder
+    from django_tasklock.options import LockOptions
+
+logger = logging.getLogger("django_tasklock")
+
+
+class Lease:
+    """One lock held by this process: what the heartbeat keeps alive, what the caller reads."""
+
+    def __init__(
+        self, provider: BaseProvider, key: str, token: str, holder: Holder, options: LockOptions
+    ) -> None:
+        self.provider = provider
+        self.key = key
+        self.token = token
+        self.holder = holder
+        self.options = options
+        self.acquired_at = time.monotonic()
+        self.deadline = self.acquired_at + options.max_lifetime.total_seconds()
+        self.next_due = self.acquired_at + options.refresh_interval.total_seconds()
+        self.closed = False
+        self._lost = False
+        self._lost_lock = threading.Lock()
+
+    @property
+    def lost(self) -> bool:
+        """True once a refresh or the release found the lease gone or someone else's."""
+        return self._lost
+
+    def report_lost(self, when: str) -> None:
+        """Record the loss once: a warning, the ``lock_lost`` signal, ``lost`` set."""
+        with self._lost_lock:
+            if self._lost:
+                return
+            self._lost = True
+        logger.warning(
+            "Task lock %r was lost (%s): it expired, was taken over or was force-released "
+            "while %s held it.",
+            self.key,
+            when,
+            self.holder,
+        )
+        lock_lost.send(sender=type(self.provider), key=self.key, holder=self.holder)
+
+
+class Heartbeat:
+    """The process's refresher of leases."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Lease]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._touched: dict[int, BaseProvider] = {}
+
+    def add(self, lease: Lease) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (lease.next_due, next(self._seq), lease))
+            self._touched[id(lease.provider)] = lease.provider
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="django-tasklock-heartbeat", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def remove(self, lease: Lease) -> None:
+        """Stop refreshing ``lease``; a refresh already under way is disregarded."""
+        with self._cond:
+            lease.closed = True
+            self._cond.notify()
+
+    def _after_fork(self) -> None:
+        # The child has no heartbeat thread, and the parent's leases are the
+        # parent's to keep alive; the condition may have been held mid-fork.
+        self._cond = threading.Condition()
+        self._heap = []
+        self._thread = None
+        self._touched = {}
+
+    def _next_due(self) -> Lease | list[BaseProvider]:
+        """The next lease when it is due; or, on going idle, the providers to close."""
+        with self._cond:
+            while True:
+                while self._heap and self._heap[0][2].closed:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    if self._touched:
+                        idle, self._touched = list(self._touched.values()), {}
+                        return idle
+                    self._cond.wait()
+                    continue
+                due = self._heap[0][0] - time.monotonic()
+                if due <= 0:
+                    return heapq.heappop(self._heap)[2]
+                self._cond.wait(due)
+
+    def _run(self) -> None:
+        while True:
+            due = self._next_due()
+            if isinstance(due, list):
+                # Nothing to keep alive: connections this thread opened would
+                # only sit open (and keep test databases from being dropped).
+                for provider in due:
+                    try:
+                        provider.close()
+                    except Exception:  # pragma: no cover - closing is best effort
+                        logger.debug("Closing idle connections failed.", exc_info=True)
+                continue
+            if self._beat(due):
+                with self._cond:
+                    if not due.closed:
+                        heapq.heappush(self._heap, (due.next_due, next(self._seq), due))
+
+    def _beat(self, lease: Lease) -> bool:
+        """Refresh ``lease`` once. True if it should be refreshed again."""
+        now = time.monotonic()
+        if now >= lease.deadline:
+            logger.warning(
+                "Task lock %r reached its max_lifetime of %s: no longer refreshed, the lease "
+                "will expire while the work may still be running.",
+                lease.key,
+                lease.options.max_lifetime,
+            )
+            return False
+        interval = lease.options.refresh_interval.total_seconds()
+        lease.next_due = min(now + interval, lease.deadline)
+        try:
+            still_ours = lease.provider.refresh(
+                lease.key,
+                lease.token,
+                ttl=lease.options.ttl,
+                max_lifetime=lease.options.max_lifetime,
+            )
+        except Exception:
+            logger.warning(
+                "Refreshing task lock %r failed; retrying in %.1f s.",
+                lease.key,
+                interval,
+                exc_info=True,
+            )
+            return True
+        if not still_ours and not lease.closed:
+            lease.report_lost("refresh")
+            return False
+        return True
+
+
+_heartbeat = Heartbeat()
+os.register_at_fork(after_in_child=_heartbeat._after_fork)
+
+
+def heartbeat() -> Heartbeat:
+    """The process's heartbeat."""
+    return _heartbeat

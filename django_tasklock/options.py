@@ -1,0 +1,101 @@
+"""Validating what callers pass, before anything is written.
+
+Every error is a ``TypeError`` or ``ValueError`` whose message names the
+parameter, so a mistake is found at the call that made it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any, Union
+
+from django_tasklock.backends.base import KEY_PREFIX, STALE_AFTER
+from django_tasklock.conf import conf
+
+Duration = Union[int, float, timedelta]
+
+#: 255 (the column) minus the ``task-lock:`` prefix, on every backend.
+MAX_KEY_LENGTH = 255 - len(KEY_PREFIX)
+MAX_LIFETIME_LIMIT = STALE_AFTER
+DEFAULT_TTL = timedelta(minutes=15)
+OPTION_NAMES = ("ttl", "refresh_interval", "max_lifetime")
+
+
+def validate_key(key: object) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str, not {type(key).__name__}")
+    if not key:
+        raise ValueError("key must not be empty")
+    if len(key) > MAX_KEY_LENGTH:
+        raise ValueError(f"key must be at most {MAX_KEY_LENGTH} characters, got {len(key)}")
+    return key
+
+
+def validate_callable(name: str, value: object, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not callable(value):
+        raise TypeError(f"{name} must be callable, not {type(value).__name__}")
+
+
+def to_timedelta(name: str, value: object) -> timedelta:
+    """Seconds (int or float) or a timedelta, strictly positive and finite."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)):
+        raise TypeError(f"{name} must be seconds (int or float) or a timedelta, not {value!r}")
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return value if isinstance(value, timedelta) else timedelta(seconds=seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class LockOptions:
+    """The lease's timing, validated: ``0 < refresh_interval < ttl``, ``max_lifetime <= 24 h``."""
+
+    ttl: timedelta = DEFAULT_TTL
+    refresh_interval: timedelta = DEFAULT_TTL / 3
+    max_lifetime: timedelta = MAX_LIFETIME_LIMIT
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        ttl: Duration | None = None,
+        refresh_interval: Duration | None = None,
+        max_lifetime: Duration | None = None,
+        defaults: Mapping[str, Any] | None = None,
+    ) -> LockOptions:
+        """Combine the call's options with ``TASKLOCK_DEFAULTS`` (or ``defaults``).
+
+        ``refresh_interval`` defaults to a third of the ttl unless the settings
+        name one. A value from settings that is invalid is reported as
+        ``TASKLOCK_DEFAULTS['name']``.
+        """
+        project = conf.DEFAULTS if defaults is None else dict(defaults)
+        unknown = set(project) - set(OPTION_NAMES)
+        if unknown:
+            raise ValueError(
+                f"TASKLOCK_DEFAULTS has unknown keys {sorted(unknown)}; allowed: {OPTION_NAMES}"
+            )
+
+        def pick(name: str, value: object) -> timedelta | None:
+            if value is not None:
+                return to_timedelta(name, value)
+            if project.get(name) is not None:
+                return to_timedelta(f"TASKLOCK_DEFAULTS[{name!r}]", project[name])
+            return None
+
+        ttl_td = pick("ttl", ttl) or DEFAULT_TTL
+        interval_td = pick("refresh_interval", refresh_interval) or ttl_td / 3
+        lifetime_td = pick("max_lifetime", max_lifetime) or MAX_LIFETIME_LIMIT
+        if interval_td >= ttl_td:
+            raise ValueError(
+                f"refresh_interval must be less than ttl ({interval_td} >= {ttl_td}): "
+                "the lease would expire between two refreshes"
+            )
+        if lifetime_td > MAX_LIFETIME_LIMIT:
+            raise ValueError(f"max_lifetime must be at most 24 hours, got {lifetime_td}")
+        return cls(ttl=ttl_td, refresh_interval=interval_td, max_lifetime=lifetime_td)

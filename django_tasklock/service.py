@@ -1,0 +1,167 @@
+"""The lock service: acquire, keep alive while the work runs, release."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from django_tasklock import checks as _checks  # noqa: F401 - checks also without the app
+from django_tasklock.backends import get_provider
+from django_tasklock.backends.base import BaseProvider, Holder
+from django_tasklock.heartbeat import Lease, heartbeat
+from django_tasklock.options import (
+    Duration,
+    LockOptions,
+    validate_callable,
+    validate_key,
+)
+from django_tasklock.signals import lock_acquired, lock_released
+
+logger = logging.getLogger("django_tasklock")
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class LockResult(Generic[T]):
+    """What :meth:`TaskLockService.run_exclusive` did.
+
+    ``acquired``: this caller held the lock and ``fn`` ran (False: ``fn`` never ran).
+    ``result``: ``fn``'s return value when acquired, else None.
+    ``lost``: the lease was lost (expired, taken over, force-released) while ``fn`` ran.
+    """
+
+    acquired: bool
+    result: T | None = None
+    lost: bool = False
+
+
+def new_token() -> str:
+    """An unguessable token that also names this host and process: ``host:pid:secret``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_urlsafe(18)}"
+
+
+class TaskLockService:
+    """Runs work under a lease lock held in the configured storage.
+
+    With no ``provider`` the one named by ``TASKLOCK_BACKEND`` is used, looked
+    up at each call, so changing settings (``override_settings``) takes
+    effect. A service is safe to share between threads.
+    """
+
+    def __init__(self, provider: BaseProvider | None = None) -> None:
+        self._provider = provider
+
+    @property
+    def provider(self) -> BaseProvider:
+        return self._provider if self._provider is not None else get_provider()
+
+    def run_exclusive(
+        self,
+        key: str,
+        fn: Callable[[], T],
+        *,
+        ttl: Duration | None = None,
+        refresh_interval: Duration | None = None,
+        max_lifetime: Duration | None = None,
+        on_locked: Callable[[], object] | None = None,
+    ) -> LockResult[T]:
+        """Run ``fn()`` if, and only if, nobody else holds ``key``.
+
+        Args:
+            key: the caller's key (1 to 245 characters), stored as ``"task-lock:" + key``.
+            fn: a zero-argument callable; its return value becomes ``result``.
+            ttl: seconds or timedelta the lease lasts unless refreshed (default 15 min).
+            refresh_interval: how often the heartbeat extends the lease while ``fn``
+                runs (default ``ttl / 3``; must be less than ``ttl``).
+            max_lifetime: after this long (default and most 24 h) the lease is no
+                longer extended, so a runaway ``fn`` cannot hold the key forever.
+            on_locked: zero-argument callable called when the key is held elsewhere.
+
+        The lease is released whether ``fn`` returns or raises (any
+        ``BaseException``, which then propagates unchanged). If the storage
+        cannot be reached while acquiring, its error is raised: it is never
+        reported as ``acquired=False``. A failed release is logged and leaves
+        the lease to expire; it never replaces ``fn``'s outcome.
+
+        Raises:
+            TypeError, ValueError: bad arguments, naming the parameter; nothing is written.
+        """
+        lease = self._acquire(key, fn, ttl, refresh_interval, max_lifetime, on_locked)
+        if lease is None:
+            if on_locked is not None:
+                on_locked()
+            return LockResult(acquired=False)
+        try:
+            result = fn()
+        finally:
+            self._release(lease)
+        return LockResult(acquired=True, result=result, lost=lease.lost)
+
+    def _acquire(
+        self,
+        key: str,
+        fn: object,
+        ttl: Duration | None,
+        refresh_interval: Duration | None,
+        max_lifetime: Duration | None,
+        on_locked: object,
+    ) -> Lease | None:
+        validate_key(key)
+        validate_callable("fn", fn)
+        validate_callable("on_locked", on_locked, optional=True)
+        options = LockOptions.resolve(
+            ttl=ttl, refresh_interval=refresh_interval, max_lifetime=max_lifetime
+        )
+        provider = self.provider
+        token = new_token()
+        if not provider.acquire(key, token, ttl=options.ttl, max_lifetime=options.max_lifetime):
+            return None
+        lease = Lease(provider, key, token, Holder.from_token(token), options)
+        heartbeat().add(lease)
+        lock_acquired.send(sender=type(provider), key=key, holder=lease.holder)
+        return lease
+
+    def _release(self, lease: Lease) -> None:
+        heartbeat().remove(lease)
+        try:
+            released = lease.provider.release(lease.key, lease.token)
+        except Exception:
+            logger.warning(
+                "Releasing task lock %r failed; the lease will expire by itself.",
+                lease.key,
+                exc_info=True,
+            )
+            return
+        if released:
+            lock_released.send(sender=type(lease.provider), key=lease.key, holder=lease.holder)
+        else:
+            lease.report_lost("release")
+
+
+_default_service = TaskLockService()
+
+
+def run_exclusive(
+    key: str,
+    fn: Callable[[], T],
+    *,
+    ttl: Duration | None = None,
+    refresh_interval: Duration | None = None,
+    max_lifetime: Duration | None = None,
+    on_locked: Callable[[], object] | None = None,
+) -> LockResult[T]:
+    """:meth:`TaskLockService.run_exclusive` on the service of ``TASKLOCK_BACKEND``."""
+    return _default_service.run_exclusive(
+        key,
+        fn,
+        ttl=ttl,
+        refresh_interval=refresh_interval,
+        max_lifetime=max_lifetime,
+        on_locked=on_locked,
+    )

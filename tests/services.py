@@ -1,0 +1,72 @@
+"""Where the test suite finds PostgreSQL and Redis.
+
+First the environment (``TASKLOCK_TEST_POSTGRES_URL``, ``TASKLOCK_TEST_REDIS_URL``),
+then a testcontainers container when a Docker engine answers, else nothing:
+those tests then skip with a reason, except under ``CI=true``, where a missing
+service fails the run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+POSTGRES_ENV = "TASKLOCK_TEST_POSTGRES_URL"
+REDIS_ENV = "TASKLOCK_TEST_REDIS_URL"
+
+#: Why a service is missing, for skip messages.
+missing: dict[str, str] = {}
+
+
+def _docker_available() -> bool:
+    try:
+        import docker
+
+        docker.from_env().ping()
+    except Exception:
+        return False
+    return True
+
+
+def _from_container(name: str) -> str | None:
+    if os.environ.get("TASKLOCK_TEST_NO_DOCKER") or not _docker_available():
+        return None
+    if name == "postgres":
+        from testcontainers.postgres import PostgresContainer
+
+        pg = PostgresContainer("postgres:16-alpine", driver=None)
+        pg.start()
+        atexit.register(pg.stop)
+        return str(pg.get_connection_url())
+    from testcontainers.redis import RedisContainer
+
+    redis = RedisContainer("redis:7-alpine")
+    redis.start()
+    atexit.register(redis.stop)
+    return f"redis://{redis.get_container_host_ip()}:{redis.get_exposed_port(6379)}/15"
+
+
+def service_url(name: str, env: str) -> str | None:
+    url = os.environ.get(env) or _from_container(name)
+    if url:
+        return url
+    reason = f"{name} not available: set {env} or make a Docker engine reachable"
+    if IN_CI:
+        raise RuntimeError(f"CI=true and {reason}")
+    missing[name] = reason
+    return None
+
+
+def postgres_settings(url: str) -> dict[str, Any]:
+    parts = urlsplit(url)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": parts.path.lstrip("/") or "postgres",
+        "USER": unquote(parts.username or "postgres"),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "127.0.0.1",
+        "PORT": str(parts.port or 5432),
+    }
