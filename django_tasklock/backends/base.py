@@ -47,7 +47,7 @@ class Holder:
     @classmethod
     def from_token(cls, token: str) -> Holder:
         """Parse ``host:pid:secret``; foreign or damaged values give pid ``None``."""
-        host, _, rest = token.rpartition(":")
+        host, _, _secret = token.rpartition(":")
         host, _, pid = host.rpartition(":")
         return cls(host=host or "?", pid=int(pid) if pid.isdigit() else None)
 

@@ -95,7 +95,10 @@ class DatabaseProvider(BaseProvider):
             try:
                 with _savepoint_if_in_transaction(alias):
                     model.objects.using(alias).create(
-                        key=stored, value=token, expires_at=Now() + ttl, created_at=Now()
+                        key=stored,
+                        value=token,
+                        expires_at=Now() + min(ttl, max_lifetime),
+                        created_at=Now(),
                     )
                 return True
             except IntegrityError:

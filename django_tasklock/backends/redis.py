@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import re
 import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -56,15 +55,16 @@ local function parse(value)
 end
 local function is_free(key, now, stale_ms)
   local pttl = redis.call('PTTL', key)
-  if pttl == -2 then return false end
-  if pttl == -1 then return true end
+  if pttl < 0 then return pttl == -1 end  -- -2: gone; -1: no TTL
   local _, at = parse(redis.pcall('GET', key))
   return at ~= nil and now - at > stale_ms
 end
 """
 
-# KEYS[1]; ARGV: token, ttl_ms, stale_ms. 1 if acquired.
-_ACQUIRE = """
+# Each script takes KEYS[1], the stored key.
+_SCRIPTS = {
+    # ARGV: token, lease_ms, stale_ms. 1 if acquired.
+    "acquire": """
 local now = now_ms()
 local value = ARGV[1] .. '@' .. string.format('%.0f', now)
 if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then return 1 end
@@ -73,50 +73,40 @@ if is_free(KEYS[1], now, tonumber(ARGV[3])) then
   return 1
 end
 return 0
-"""
-
-# KEYS[1]; ARGV: token, ttl_ms, max_lifetime_ms. 0 if the lease is lost.
-_REFRESH = """
+""",
+    # ARGV: token, ttl_ms, max_lifetime_ms. 0 if the lease is lost.
+    "refresh": """
 local token, at = parse(redis.pcall('GET', KEYS[1]))
 if token ~= ARGV[1] then return 0 end
 local left = math.min(tonumber(ARGV[2]), at + tonumber(ARGV[3]) - now_ms())
 if left > 0 then redis.call('PEXPIRE', KEYS[1], left) end
 return 1
-"""
-
-# KEYS[1]; ARGV: token. 1 if deleted.
-_RELEASE = """
+""",
+    # ARGV: token. 1 if deleted.
+    "release": """
 local token = parse(redis.pcall('GET', KEYS[1]))
 if token == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
-"""
-
-# KEYS[1]; ARGV: stale_ms. {value, pttl, now_ms} of a held key; nil if free.
-_INSPECT = """
+""",
+    # ARGV: stale_ms. nil if free, else {token, acquired_ms, pttl, now_ms}; a value
+    # not written here gives itself as the token and the time of reading.
+    "inspect": """
 local now = now_ms()
 if redis.call('EXISTS', KEYS[1]) == 0 or is_free(KEYS[1], now, tonumber(ARGV[1])) then
   return nil
 end
 local value = redis.pcall('GET', KEYS[1])
-if type(value) ~= 'string' then value = '' end
-return {value, redis.call('PTTL', KEYS[1]), now}
-"""
-
-# KEYS[1]; ARGV: stale_ms, '1' to delete. 1 if the key is free (and now deleted).
-_CLEAR = """
+local token, at = parse(value)
+if not token then token = type(value) == 'string' and value or '' end
+return {token, at or now, redis.call('PTTL', KEYS[1]), now}
+""",
+    # ARGV: stale_ms, '1' to delete. 1 if the key is free (and now deleted).
+    "clear": """
 if not is_free(KEYS[1], now_ms(), tonumber(ARGV[1])) then return 0 end
 if ARGV[2] == '1' then redis.call('DEL', KEYS[1]) end
 return 1
-"""
-
-_SCRIPTS = {
-    "acquire": _ACQUIRE,
-    "refresh": _REFRESH,
-    "release": _RELEASE,
-    "inspect": _INSPECT,
-    "clear": _CLEAR,
+""",
 }
-_VALUE = re.compile(r"(.*)@([0-9]+)", re.DOTALL)  # the Lua pattern '^(.*)@(%d+)$'
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _STALE_MS = int(STALE_AFTER / timedelta(milliseconds=1))
 _BATCH = 500
@@ -169,8 +159,7 @@ class RedisProvider(BaseProvider):
 
         if conf.REDIS_URL:
             return []
-        errors: list[Any] = []
-        alias = conf.REDIS_CACHE
+        errors, alias = [], conf.REDIS_CACHE
         if importlib.util.find_spec("django_redis") is None:
             errors.append(
                 checks.Error(
@@ -184,8 +173,7 @@ class RedisProvider(BaseProvider):
             errors.append(
                 checks.Error(
                     f"TASKLOCK_REDIS_CACHE names the cache {alias!r}, which is not in CACHES.",
-                    hint="Add a django-redis cache under that alias, or set "
-                    "TASKLOCK_REDIS_CACHE or TASKLOCK_REDIS_URL.",
+                    hint="Add a django-redis cache under that alias, or set TASKLOCK_REDIS_URL.",
                     id="django_tasklock.E003",
                 )
             )
@@ -193,27 +181,27 @@ class RedisProvider(BaseProvider):
             errors.append(
                 checks.Error(
                     f"The cache {alias!r} (TASKLOCK_REDIS_CACHE) is not a django-redis cache.",
-                    hint='Use BACKEND "django_redis.cache.RedisCache" for it, or set '
-                    "TASKLOCK_REDIS_URL.",
+                    hint='Give it BACKEND "django_redis.cache.RedisCache", '
+                    "or set TASKLOCK_REDIS_URL.",
                     id="django_tasklock.E004",
                 )
             )
         return errors
 
-    def _ready(self) -> tuple[redis.Redis, dict[str, Script]]:
-        """The connection and its scripts, made on first use (once, whatever the threads)."""
+    def _conn(self) -> redis.Redis:
+        """The connection, made and the scripts registered on first use, once across threads."""
         if not self._scripts:
             with self._init_lock:
                 if not self._scripts:
-                    client = self._connect() if self._client is None else self._client
-                    self._client = client
+                    if self._client is None:
+                        self._client = self._connect()
                     # register_script calls EVALSHA and reloads the script on NOSCRIPT.
                     self._scripts = {
-                        name: client.register_script(_PRELUDE + body)
+                        name: self._client.register_script(_PRELUDE + body)
                         for name, body in _SCRIPTS.items()
                     }
         assert self._client is not None
-        return self._client, self._scripts
+        return self._client
 
     def _connect(self) -> redis.Redis:
         if self._url is not None:
@@ -235,7 +223,8 @@ class RedisProvider(BaseProvider):
         return connection
 
     def _run(self, name: str, key: str | bytes, *args: Any, client: Any = None) -> Any:
-        return self._ready()[1][name](keys=[key], args=args, client=client)
+        self._conn()
+        return self._scripts[name](keys=[key], args=args, client=client)
 
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         """``SET NX PX`` by the server clock; also takes over a key abandoned for 24 h.
@@ -256,29 +245,32 @@ class RedisProvider(BaseProvider):
         return bool(self._run("release", storage_key(key), token))
 
     def force_release(self, key: str) -> bool:
-        return bool(self._ready()[0].delete(storage_key(key)))
+        return bool(self._conn().delete(storage_key(key)))
 
-    def _batches(self) -> list[list[bytes | str]]:
+    def _run_all(self, name: str, *args: Any) -> list[tuple[str, Any]]:
+        """Run a script on every key in the namespace: (caller's key, reply) by key."""
         # SCAN may return a key twice; the set keeps counts and listings exact.
-        found = sorted(set(self._ready()[0].scan_iter(match=KEY_PREFIX + "*", count=_BATCH)))
-        return [found[i : i + _BATCH] for i in range(0, len(found), _BATCH)]
+        found = sorted(set(self._conn().scan_iter(match=KEY_PREFIX + "*", count=_BATCH)))
+        results = []
+        for start in range(0, len(found), _BATCH):
+            batch = found[start : start + _BATCH]
+            pipe = self._conn().pipeline(transaction=False)
+            for stored in batch:
+                self._run(name, stored, *args, client=pipe)
+            replies = pipe.execute()
+            results += [(caller_key(_text(k)), r) for k, r in zip(batch, replies, strict=True)]
+        return results
 
     @staticmethod
     def _held(key: str, reply: Any) -> HeldLock | None:
         if not reply:
             return None
-        raw, pttl, now_ms = _text(reply[0]), int(reply[1]), int(reply[2])
+        token, acquired_ms, pttl, now_ms = _text(reply[0]), *map(int, reply[1:])
         now = _EPOCH + timedelta(milliseconds=now_ms)
-        parsed = _VALUE.fullmatch(raw)
-        if parsed:
-            holder = Holder.from_token(parsed[1])
-            acquired_at = _EPOCH + timedelta(milliseconds=int(parsed[2]))
-        else:
-            holder, acquired_at = Holder.from_token(raw), now
         return HeldLock(
             key=key,
-            holder=holder,
-            acquired_at=acquired_at,
+            holder=Holder.from_token(token),
+            acquired_at=_EPOCH + timedelta(milliseconds=acquired_ms),
             expires_at=now + timedelta(milliseconds=pttl),
             seconds_left=pttl / 1000,
         )
@@ -294,16 +286,8 @@ class RedisProvider(BaseProvider):
         acquisition until it expires, so it is listed (holder ``?`` unless it
         looks like a bare token) with ``acquired_at`` the time of reading.
         """
-        held = []
-        for batch in self._batches():
-            pipe = self._ready()[0].pipeline(transaction=False)
-            for stored in batch:
-                self._run("inspect", stored, _STALE_MS, client=pipe)
-            for stored, reply in zip(batch, pipe.execute(), strict=True):
-                lock = self._held(caller_key(_text(stored)), reply)
-                if lock is not None:
-                    held.append(lock)
-        return sorted(held, key=lambda lock: lock.key)
+        held = (self._held(key, reply) for key, reply in self._run_all("inspect", _STALE_MS))
+        return sorted((lock for lock in held if lock is not None), key=lambda lock: lock.key)
 
     def clear_stale(self, *, dry_run: bool = False) -> int:
         """Delete keys no lease should leave behind; return how many (or would be).
@@ -312,11 +296,5 @@ class RedisProvider(BaseProvider):
         namespace without a TTL and keys acquired more than 24 h ago; neither
         should exist. Each key's condition is re-checked atomically as it is deleted.
         """
-        count = 0
         flag = "0" if dry_run else "1"
-        for batch in self._batches():
-            pipe = self._ready()[0].pipeline(transaction=False)
-            for stored in batch:
-                self._run("clear", stored, _STALE_MS, flag, client=pipe)
-            count += sum(int(reply) for reply in pipe.execute())
-        return count
+        return sum(int(reply) for _, reply in self._run_all("clear", _STALE_MS, flag))

@@ -1,0 +1,54 @@
+"""A provider that fails on purpose, for faults a test cannot cause for real."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django_tasklock.backends.base import BaseProvider, HeldLock
+
+
+class InjectedFault(ConnectionError):
+    """Raised by :class:`FaultyProvider` where a real storage would be unreachable."""
+
+
+class FaultyProvider(BaseProvider):
+    """Wraps a real provider; its first ``refresh_failures`` refreshes, and every
+    release when ``release_fails``, raise :class:`InjectedFault` instead."""
+
+    def __init__(
+        self, inner: BaseProvider, *, refresh_failures: int = 0, release_fails: bool = False
+    ) -> None:
+        self.inner = inner
+        self.capabilities = inner.capabilities  # type: ignore[misc]
+        self.refresh_failures = refresh_failures
+        self.release_fails = release_fails
+        self.refresh_calls = 0
+
+    def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
+        return self.inner.acquire(key, token, ttl=ttl, max_lifetime=max_lifetime)
+
+    def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
+        self.refresh_calls += 1
+        if self.refresh_calls <= self.refresh_failures:
+            raise InjectedFault("injected refresh failure")
+        return self.inner.refresh(key, token, ttl=ttl, max_lifetime=max_lifetime)
+
+    def release(self, key: str, token: str) -> bool:
+        if self.release_fails:
+            raise InjectedFault("injected release failure")
+        return self.inner.release(key, token)
+
+    def force_release(self, key: str) -> bool:
+        return self.inner.force_release(key)
+
+    def peek(self, key: str) -> HeldLock | None:
+        return self.inner.peek(key)
+
+    def list(self) -> list[HeldLock]:
+        return self.inner.list()
+
+    def clear_stale(self, *, dry_run: bool = False) -> int:
+        return self.inner.clear_stale(dry_run=dry_run)
+
+    def close(self) -> None:
+        self.inner.close()

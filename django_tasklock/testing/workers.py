@@ -1,0 +1,96 @@
+"""Code the contract suite runs in other processes (started with ``spawn``).
+
+A child process knows nothing of the parent's Django setup: it receives a
+:class:`ProviderRecipe` (settings and a provider class) and builds the same
+provider against the same storage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Barrier
+from queue import Queue
+from typing import Any
+
+from django_tasklock.backends.base import BaseProvider
+
+
+@dataclasses.dataclass(frozen=True)
+class ProviderRecipe:
+    """How another process builds a provider on the same storage.
+
+    ``settings`` are passed to ``settings.configure()`` in the child (for the
+    database backend: ``DATABASES`` naming the test database and
+    ``INSTALLED_APPS`` with ``django_tasklock``); ``provider`` is the dotted
+    path of the provider class, built with ``kwargs``.
+    """
+
+    provider: str
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def build(self) -> BaseProvider:
+        import django
+        from django.conf import settings
+        from django.utils.module_loading import import_string
+
+        if not settings.configured:
+            settings.configure(**{"USE_TZ": True, **self.settings})
+            django.setup()
+        provider: BaseProvider = import_string(self.provider)(**self.kwargs)
+        return provider
+
+
+def contend(
+    recipe: ProviderRecipe,
+    key: str,
+    seconds: float,
+    hold: float,
+    barrier: Barrier,
+    results: Queue[tuple[int, list[tuple[float, float]], int]],
+) -> None:
+    """Race for ``key`` for ``seconds``; report the intervals during which we held it.
+
+    The interval is taken inside the work, after acquisition and before
+    release, on the host's monotonic clock (shared by its processes): two
+    intervals that overlap prove two holders at once.
+    """
+    from django_tasklock.service import TaskLockService
+
+    service = TaskLockService(recipe.build())
+    held: list[tuple[float, float]] = []
+    refused = 0
+
+    def work() -> None:
+        start = time.monotonic()
+        time.sleep(hold)
+        held.append((start, time.monotonic()))
+
+    barrier.wait()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not service.run_exclusive(key, work, ttl=10).acquired:
+            refused += 1
+            time.sleep(random.uniform(0, hold / 2))
+    results.put((os.getpid(), held, refused))
+
+
+def hold_until_killed(
+    recipe: ProviderRecipe, key: str, ttl: float, refresh_interval: float, conn: Connection
+) -> None:
+    """Acquire ``key``, say so through ``conn``, then work until killed."""
+    from django_tasklock.service import TaskLockService
+
+    service = TaskLockService(recipe.build())
+
+    def work() -> None:
+        conn.send(("acquired", os.getpid()))
+        while True:
+            time.sleep(1)
+
+    result = service.run_exclusive(key, work, ttl=ttl, refresh_interval=refresh_interval)
+    conn.send(("not acquired", result.acquired))  # pragma: no cover - only when the test fails

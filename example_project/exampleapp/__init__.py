@@ -1,0 +1,1 @@
+"""The example project of django-tasklock: settings, one task, and the ``demo`` command."""

@@ -1,0 +1,1 @@
+"""The two scenarios of ``manage.py demo``, each with its parent and worker side."""

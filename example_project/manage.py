@@ -1,0 +1,21 @@
+#!/usr/bin/env python
+"""Django's command-line utility for the django-tasklock example project.
+
+Run the demo from anywhere: ``python example_project/manage.py demo``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "exampleapp.settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connections
+from django.db.models.functions import Now
+
+from django_tasklock.backends.database import DatabaseProvider
+from django_tasklock.testing import ContractBackend, ProviderRecipe
+from tests import services
+
+#: Every database alias the suite runs against.
+DATABASE_ALIASES = ["default", *(["postgres"] if "postgres" in settings.DATABASES else [])]
+BACKENDS = ["sqlite", "postgres", "redis", "memory"]
+
+
+def pytest_report_header() -> list[str]:
+    return [
+        f"tasklock services: postgres={'yes' if settings.POSTGRES_URL else 'no'}, "
+        f"redis={'yes' if settings.REDIS_URL else 'no'}"
+    ]
+
+
+def require_service(name: str) -> None:
+    if name in services.missing:
+        pytest.skip(services.missing[name])
+
+
+def database_backend(alias: str) -> ContractBackend:
+    from django_tasklock.models import CacheEntry
+
+    rows = CacheEntry.objects.using(alias)
+
+    def plant(stored: str, value: str, created_ago: timedelta, expires_in: timedelta) -> None:
+        rows.create(
+            key=stored, value=value, created_at=Now() - created_ago, expires_at=Now() + expires_in
+        )
+
+    def put_foreign(stored: str) -> None:
+        plant(stored, "not a lock", timedelta(hours=2), -timedelta(hours=1))
+
+    def unreachable() -> DatabaseProvider:
+        broken = dict(connections[alias].settings_dict)
+        if broken["ENGINE"].endswith("sqlite3"):
+            broken["NAME"] = "/nonexistent-directory/tasklock.sqlite3"
+        else:
+            broken["PORT"] = "1"
+        connections.settings[f"{alias}_unreachable"] = broken
+        return DatabaseProvider(using=f"{alias}_unreachable")
+
+    settings_dict = dict(connections[alias].settings_dict)
+    recipe = ProviderRecipe(
+        provider="django_tasklock.backends.database.DatabaseProvider",
+        kwargs={"using": alias},
+        settings={
+            "DATABASES": {"default": settings_dict, alias: settings_dict},
+            "INSTALLED_APPS": ["django_tasklock"],
+        },
+    )
+    return ContractBackend(
+        name=f"database:{connections[alias].vendor}",
+        provider=DatabaseProvider(using=alias),
+        recipe=recipe,
+        plant=plant,
+        put_foreign=put_foreign,
+        stored_keys=lambda: set(rows.values_list("key", flat=True)),
+        unreachable=unreachable,
+    )
+
+
+def redis_backend(namespace: str) -> Iterator[ContractBackend]:
+    import redis
+
+    from django_tasklock.backends.redis import RedisProvider
+
+    url = settings.REDIS_URL
+    client = redis.Redis.from_url(url)
+
+    def plant(stored: str, value: str, created_ago: timedelta, expires_in: timedelta) -> None:
+        seconds, micros = client.time()
+        acquired_ms = seconds * 1000 + micros // 1000 - int(created_ago.total_seconds() * 1000)
+        client.set(stored, f"{value}@{acquired_ms}", px=int(expires_in.total_seconds() * 1000))
+
+    def stored_keys() -> set[str]:
+        return {k.decode() for k in client.scan_iter(match=f"*{namespace}*")}
+
+    yield ContractBackend(
+        name="redis",
+        provider=RedisProvider(url=url),
+        recipe=ProviderRecipe(
+            provider="django_tasklock.backends.redis.RedisProvider",
+            kwargs={"url": url},
+            settings={"INSTALLED_APPS": ["django_tasklock"]},
+        ),
+        plant=plant,
+        put_foreign=lambda stored: client.set(stored, "not a lock"),
+        stored_keys=stored_keys,
+        unreachable=lambda: RedisProvider(url="redis://127.0.0.1:1/0"),
+    )
+    # Only what this test wrote: its keys all carry its namespace.
+    for stored in stored_keys():
+        client.delete(stored)
+
+
+def memory_backend() -> ContractBackend:
+    from django_tasklock.backends.memory import MemoryProvider
+
+    return ContractBackend(name="memory", provider=MemoryProvider())
+
+
+@pytest.fixture(params=BACKENDS)
+def any_backend(request: pytest.FixtureRequest, key: str) -> Iterator[ContractBackend]:
+    """One ContractBackend for each backend, for the contract suite."""
+    name: str = request.param
+    if name == "sqlite":
+        yield database_backend("default")
+    elif name == "postgres":
+        require_service("postgres")
+        yield database_backend("postgres")
+    elif name == "redis":
+        require_service("redis")
+        yield from redis_backend(key)
+    else:
+        yield memory_backend()
+
+
+@pytest.fixture
+def key() -> str:
+    import uuid
+
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    # Lock writes must really commit (other threads and processes read them),
+    # so tests that touch a database run transactional.
+    marker = pytest.mark.django_db(transaction=True, databases=DATABASE_ALIASES)
+    for item in items:
+        if "any_backend" in getattr(item, "fixturenames", ()) or item.get_closest_marker(
+            "databases"
+        ):
+            item.add_marker(marker)

@@ -1,0 +1,13 @@
+"""The contract suite (django_tasklock.testing) on every backend: SQLite, PostgreSQL, Redis, memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_tasklock.testing import ContractBackend, ProviderContract
+
+
+class TestContract(ProviderContract):
+    @pytest.fixture
+    def contract_backend(self, any_backend: ContractBackend) -> ContractBackend:
+        return any_backend
