@@ -16,7 +16,7 @@ BACKEND_ENV_VAR = "TASKLOCK_BACKEND"
 
 class Settings:
     @property
-    def BACKEND(self) -> str:  # noqa: N802 - settings read like settings
+    def BACKEND(self) -> str:
         """``TASKLOCK_BACKEND``; when absent, the environment variable; else "database"."""
         value = getattr(settings, "TASKLOCK_BACKEND", None)
         if value is None:
@@ -24,20 +24,20 @@ class Settings:
         return str(value)
 
     @property
-    def DATABASE(self) -> str:  # noqa: N802
+    def DATABASE(self) -> str:
         return str(getattr(settings, "TASKLOCK_DATABASE", "default"))
 
     @property
-    def REDIS_CACHE(self) -> str:  # noqa: N802
+    def REDIS_CACHE(self) -> str:
         return str(getattr(settings, "TASKLOCK_REDIS_CACHE", "default"))
 
     @property
-    def REDIS_URL(self) -> str | None:  # noqa: N802
+    def REDIS_URL(self) -> str | None:
         value = getattr(settings, "TASKLOCK_REDIS_URL", None)
         return str(value) if value else None
 
     @property
-    def DEFAULTS(self) -> dict[str, Any]:  # noqa: N802
+    def DEFAULTS(self) -> dict[str, Any]:
         return dict(getattr(settings, "TASKLOCK_DEFAULTS", None) or {})
 
 

@@ -7,5 +7,5 @@ class TaskLockError(Exception):
     """Base class of django-tasklock's own errors."""
 
 
-class LockNotAcquired(TaskLockError):  # noqa: N818 - the name users expect
+class LockNotAcquired(TaskLockError):
     """The lock could not be acquired (raised only where the API says so)."""

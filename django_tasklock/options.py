@@ -10,12 +10,12 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, Union
+from typing import Any
 
 from django_tasklock.backends.base import KEY_PREFIX, STALE_AFTER
 from django_tasklock.conf import conf
 
-Duration = Union[int, float, timedelta]
+Duration = int | float | timedelta
 
 #: 255 (the column) minus the ``task-lock:`` prefix, on every backend.
 MAX_KEY_LENGTH = 255 - len(KEY_PREFIX)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -9,6 +10,7 @@ from django.conf import settings
 from django.db import connections
 from django.db.models.functions import Now
 
+from django_tasklock.backends.base import caller_key, storage_key
 from django_tasklock.backends.database import DatabaseProvider
 from django_tasklock.testing import ContractBackend, ProviderRecipe
 from tests import services
@@ -78,12 +80,16 @@ def redis_backend(namespace: str) -> Iterator[ContractBackend]:
     from django_tasklock.backends.redis import RedisProvider
 
     url = settings.REDIS_URL
+    assert url is not None
     client = redis.Redis.from_url(url)
 
     def plant(stored: str, value: str, created_ago: timedelta, expires_in: timedelta) -> None:
         seconds, micros = client.time()
         acquired_ms = seconds * 1000 + micros // 1000 - int(created_ago.total_seconds() * 1000)
         client.set(stored, f"{value}@{acquired_ms}", px=int(expires_in.total_seconds() * 1000))
+
+    def put_foreign(stored: str) -> None:
+        client.set(stored, "not a lock")
 
     def stored_keys() -> set[str]:
         return {k.decode() for k in client.scan_iter(match=f"*{namespace}*")}
@@ -97,7 +103,7 @@ def redis_backend(namespace: str) -> Iterator[ContractBackend]:
             settings={"INSTALLED_APPS": ["django_tasklock"]},
         ),
         plant=plant,
-        put_foreign=lambda stored: client.set(stored, "not a lock"),
+        put_foreign=put_foreign,
         stored_keys=stored_keys,
         unreachable=lambda: RedisProvider(url="redis://127.0.0.1:1/0"),
     )
@@ -107,9 +113,27 @@ def redis_backend(namespace: str) -> Iterator[ContractBackend]:
 
 
 def memory_backend() -> ContractBackend:
-    from django_tasklock.backends.memory import MemoryProvider
+    from django_tasklock.backends import memory
 
-    return ContractBackend(name="memory", provider=MemoryProvider())
+    provider = memory.MemoryProvider()
+    leases = provider._leases  # the suite's own backend: it may look inside
+
+    def plant(stored: str, value: str, created_ago: timedelta, expires_in: timedelta) -> None:
+        now = time.monotonic()
+        leases[caller_key(stored)] = memory._Lease(
+            token=value,
+            acquired=now - created_ago.total_seconds(),
+            expires=now + expires_in.total_seconds(),
+        )
+
+    # No put_foreign: the memory backend keeps leases only, nothing else to protect.
+    # No unreachable: there is no storage to lose.
+    return ContractBackend(
+        name="memory",
+        provider=provider,
+        plant=plant,
+        stored_keys=lambda: {storage_key(key) for key in leases},
+    )
 
 
 @pytest.fixture(params=BACKENDS)

@@ -1,4 +1,4 @@
-"""The contract suite (django_tasklock.testing) on every backend: SQLite, PostgreSQL, Redis, memory."""
+"""The contract suite (django_tasklock.testing) on SQLite, PostgreSQL, Redis and memory."""
 
 from __future__ import annotations
 

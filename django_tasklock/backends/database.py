@@ -23,8 +23,11 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Q
 from django.db.models.functions import Least, Now
+from django.db.utils import load_backend
+from django.utils.connection import ConnectionDoesNotExist
 
 from django_tasklock.backends.base import (
     KEY_PREFIX,
@@ -51,12 +54,12 @@ class DatabaseProvider(BaseProvider):
     """Leases in the ``cache_entries`` table of the database alias ``using``.
 
     Inside the caller's ``transaction.atomic()`` the lock's statements go
-    through a second connection to the same database (alias
-    ``"<using>__tasklock"``, added on first need), so that a lease is
+    through a second connection of the thread to the same database (known
+    as ``"<using>__tasklock"``, opened on first need), so that a lease is
     committed, and visible to other workers, at once, whatever the caller's
-    transaction later does. Under a Django ``TestCase`` the test's own
-    transaction is used instead, so that tests see their fixtures and roll
-    everything back.
+    transaction later does. It honours ``CONN_MAX_AGE`` like Django's own.
+    Under a Django ``TestCase`` the test's own transaction is used instead,
+    so that tests see their fixtures and roll everything back.
     """
 
     def __init__(self, using: str = "default") -> None:
@@ -127,8 +130,12 @@ class DatabaseProvider(BaseProvider):
 
     def release(self, key: str, token: str) -> bool:
         alias = self._alias()
-        rows = self._model().objects.using(alias).filter(key=storage_key(key), value=token)
-        return bool(rows._raw_delete(alias))
+        ours = self._model().objects.using(alias).filter(key=storage_key(key), value=token)
+        if ours.filter(expires_at__gt=Now())._raw_delete(alias):
+            return True
+        # Not live: lost. Still clear our own expired row, if it is there.
+        ours._raw_delete(alias)
+        return False
 
     def force_release(self, key: str) -> bool:
         alias = self._alias()
@@ -149,8 +156,9 @@ class DatabaseProvider(BaseProvider):
         return stale.count() if dry_run else stale._raw_delete(alias)
 
     def close(self) -> None:
-        for connection in connections.all(initialized_only=True):
-            if connection.alias in (self.using, self._side_alias):
+        for alias in (self.using, self._side_alias):
+            connection = getattr(_this_thread(), alias, None)
+            if connection is not None:
                 connection.close()
 
     # -- helpers -----------------------------------------------------------
@@ -167,10 +175,12 @@ class DatabaseProvider(BaseProvider):
         ):
             return self.using
         side = self._side_alias
-        if side not in connections.settings:
-            # The same settings dict, not a copy: the test runner renames the
-            # database in place, and the side connection must follow it.
-            connections.settings[side] = connections.settings[self.using]
+        try:
+            side_connection = connections[side]
+        except ConnectionDoesNotExist:
+            side_connection = _independent_connection(connection, side)
+        # Honour CONN_MAX_AGE and drop a broken connection, as Django does per request.
+        side_connection.close_if_unusable_or_obsolete()
         return side
 
     def _model(self) -> type[CacheEntry]:
@@ -209,6 +219,24 @@ def _held(row: CacheEntry) -> HeldLock:
         expires_at=row.expires_at,
         seconds_left=max(0.0, (row.expires_at - server_now).total_seconds()),
     )
+
+
+def _independent_connection(connection: BaseDatabaseWrapper, alias: str) -> BaseDatabaseWrapper:
+    """A second connection of this thread to ``connection``'s database, known as ``alias``.
+
+    Deliberately not added to ``DATABASES``: test runners then neither create,
+    flush nor guard it, and ``manage.py`` commands never list it.
+    """
+    wrapper: BaseDatabaseWrapper = load_backend(
+        connection.settings_dict["ENGINE"]
+    ).DatabaseWrapper(connection.settings_dict, alias)
+    setattr(_this_thread(), alias, wrapper)
+    return wrapper
+
+
+def _this_thread() -> Any:
+    """The calling thread's connections, where ``connections[alias]`` looks first."""
+    return connections._connections  # type: ignore[attr-defined]
 
 
 def _savepoint_if_in_transaction(alias: str) -> AbstractContextManager[Any]:

@@ -16,6 +16,7 @@ with that reason, never silently.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import multiprocessing
 import os
@@ -128,7 +129,9 @@ class ProviderContract:
 
     # -- 1. mutual exclusion ------------------------------------------------
 
-    def test_second_acquire_of_a_held_key_is_refused(self, provider: BaseProvider, key: str) -> None:
+    def test_second_acquire_of_a_held_key_is_refused(
+        self, provider: BaseProvider, key: str
+    ) -> None:
         ttl, life = timedelta(seconds=30), timedelta(hours=1)
         assert provider.acquire(key, new_token(), ttl=ttl, max_lifetime=life)
         assert not provider.acquire(key, new_token(), ttl=ttl, max_lifetime=life)
@@ -170,7 +173,7 @@ class ProviderContract:
         for proc in procs:
             proc.join(timeout=10)
         intervals = sorted(i for _, held, _ in reports for i in held)
-        overlaps = [(a, b) for a, b in zip(intervals, intervals[1:]) if b[0] < a[1]]
+        overlaps = [(a, b) for a, b in itertools.pairwise(intervals) if b[0] < a[1]]
         assert overlaps == []
         assert len({pid for pid, held, _ in reports if held}) >= 2, "only one process ever won"
         assert sum(refused for _, _, refused in reports) > 0, "there was no contention"
@@ -238,7 +241,8 @@ class ProviderContract:
 
         result = service.run_exclusive(key, work, ttl=0.6, refresh_interval=0.2)
         assert (result.acquired, result.result, result.lost) == (True, "done", False)
-        assert rivals and not any(rivals)
+        assert rivals
+        assert not any(rivals)
         assert provider.peek(key) is None
 
     # -- 4. hard deadline --------------------------------------------------------
@@ -309,10 +313,12 @@ class ProviderContract:
         proc.start()
         try:
             assert ours.poll(60), "the holder never reported"
+            assert proc.pid is not None
             assert ours.recv() == ("acquired", proc.pid)
             time.sleep(2 * ttl)  # its heartbeat keeps it past the ttl
             held = provider.peek(key)
-            assert held is not None and held.holder.pid == proc.pid
+            assert held is not None
+            assert held.holder.pid == proc.pid
             os.kill(proc.pid, signal.SIGKILL)
             killed = time.monotonic()
             proc.join(5)
@@ -347,8 +353,10 @@ class ProviderContract:
         self, service: TaskLockService, provider: BaseProvider, key: str, signals: _Signals
     ) -> None:
         result = service.run_exclusive(key, lambda: provider.peek(key))
-        assert result.acquired and not result.lost
-        assert isinstance(result.result, HeldLock) and result.result.key == key
+        assert result.acquired
+        assert not result.lost
+        assert isinstance(result.result, HeldLock)
+        assert result.result.key == key
         assert provider.peek(key) is None
         assert [name for name, _ in signals.sent] == ["acquired", "released"]
         assert all(kw["key"] == key and kw["holder"].pid == os.getpid() for _, kw in signals.sent)
@@ -383,10 +391,12 @@ class ProviderContract:
 
         with caplog.at_level(logging.WARNING, logger="django_tasklock"):
             result = service.run_exclusive(key, work, ttl=0.6, refresh_interval=0.2)
-        assert result.acquired and result.lost
+        assert result.acquired
+        assert result.lost
         assert "was lost" in caplog.text
         lost = [kw for name, kw in signals.sent if name == "lost"]
-        assert len(lost) == 1 and lost[0]["key"] == key
+        assert len(lost) == 1
+        assert lost[0]["key"] == key
         assert usurper.split(":")[-1] not in repr(lost[0])
         assert provider.release(key, usurper), "the loser's release deleted the new lease"
 
@@ -411,7 +421,8 @@ class ProviderContract:
                 key, lambda: time.sleep(1.6), ttl=1.0, refresh_interval=0.2
             )
         assert faulty.refresh_calls >= 4
-        assert result.acquired and not result.lost
+        assert result.acquired
+        assert not result.lost
         assert caplog.text.count("retrying") == 2
 
     # -- 8. errors are not "held" --------------------------------------------------
@@ -439,7 +450,9 @@ class ProviderContract:
     ) -> None:
         faulty = FaultyProvider(provider, release_fails=True)
         with pytest.raises(LookupError):
-            TaskLockService(faulty).run_exclusive(key, lambda: {}["missing"], ttl=0.5)
+            TaskLockService(faulty).run_exclusive(
+                key, lambda: dict[str, int]()["missing"], ttl=0.5
+            )
 
     # -- 10. namespacing -------------------------------------------------------------
 
@@ -454,7 +467,10 @@ class ProviderContract:
     def test_entries_outside_the_namespace_are_never_touched(
         self, backend: ContractBackend, key: str
     ) -> None:
-        put_foreign, stored_keys = _require(backend, "put_foreign"), _require(backend, "stored_keys")
+        put_foreign, stored_keys = (
+            _require(backend, "put_foreign"),
+            _require(backend, "stored_keys"),
+        )
         provider = backend.provider
         foreign = {f"cache:{key}", f"task-lock{key}", key}
         for stored in foreign:
@@ -470,9 +486,15 @@ class ProviderContract:
 
     def test_peek_and_list_show_live_leases_only(self, provider: BaseProvider, key: str) -> None:
         life = timedelta(hours=1)
-        assert provider.acquire(key + "-b", new_token(), ttl=timedelta(seconds=30), max_lifetime=life)
-        assert provider.acquire(key + "-a", new_token(), ttl=timedelta(seconds=30), max_lifetime=life)
-        assert provider.acquire(key + "-x", new_token(), ttl=timedelta(seconds=0.2), max_lifetime=life)
+        assert provider.acquire(
+            key + "-b", new_token(), ttl=timedelta(seconds=30), max_lifetime=life
+        )
+        assert provider.acquire(
+            key + "-a", new_token(), ttl=timedelta(seconds=30), max_lifetime=life
+        )
+        assert provider.acquire(
+            key + "-x", new_token(), ttl=timedelta(seconds=0.2), max_lifetime=life
+        )
         time.sleep(0.3)
         mine = [held for held in provider.list() if held.key.startswith(key)]
         assert [held.key for held in mine] == [key + "-a", key + "-b"]
@@ -487,7 +509,9 @@ class ProviderContract:
     ) -> None:
         life = timedelta(hours=1)
         assert provider.acquire(key + "-live", new_token(), ttl=LONG, max_lifetime=life)
-        assert provider.acquire(key + "-gone", new_token(), ttl=timedelta(seconds=0.2), max_lifetime=life)
+        assert provider.acquire(
+            key + "-gone", new_token(), ttl=timedelta(seconds=0.2), max_lifetime=life
+        )
         if backend.plant is not None:
             backend.plant(storage_key(key + "-old"), new_token(), timedelta(hours=25), LIFE)
         time.sleep(0.3)

@@ -32,7 +32,9 @@ def _wait_until_free(console: Console, provider: BaseProvider, key: str) -> None
     try:
         held = provider.peek(key)
     except Exception as exc:
-        raise CommandError(f"The lock backend cannot be reached: {exc!r}") from exc
+        raise CommandError(
+            f"The lock backend cannot be reached: {type(exc).__name__}: {exc}"
+        ) from exc
     if held is None:
         return
     console.say(

@@ -37,11 +37,11 @@ def _crash_and_reclaim(console: Console, proc: subprocess.Popen[bytes], *, ttl: 
     provider = TaskLockService().provider
     held = _wait_for_holder(proc)
     if held is None:
-        console.fail(f"Worker {proc.pid} never took {KEY!r}.")
+        console.fail(f"Worker {proc.pid} was never seen holding {KEY!r}.")
         return False
     console.say(
         f"Worker {proc.pid} holds {KEY!r} with a {ttl:g} s ttl; its heartbeat renews the "
-        f"lease every {ttl / 3:g} s."
+        f"lease every {ttl / 3:.3g} s."
     )
     time.sleep(ttl + 1)
     held = provider.peek(KEY)

@@ -1,0 +1,168 @@
+"""What only the database backend does: round trips, transactions, real errors."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+from unittest import mock
+
+import pytest
+from django.db import IntegrityError, connections, transaction
+
+from django_tasklock.backends.database import DatabaseProvider
+from django_tasklock.models import CacheEntry
+from django_tasklock.service import TaskLockService, new_token
+from tests.conftest import DATABASE_ALIASES, require_service
+
+pytestmark = pytest.mark.databases
+
+LONG, LIFE = timedelta(seconds=30), timedelta(hours=1)
+
+
+@pytest.fixture(params=["default", "postgres"], ids=["sqlite", "postgres"])
+def alias(request: pytest.FixtureRequest) -> str:
+    if request.param not in DATABASE_ALIASES:
+        require_service("postgres")
+    return str(request.param)
+
+
+def _statements_sent(alias: str, work: Any) -> list[str]:
+    """What the client sent PostgreSQL while ``work()`` ran, read off libpq's trace."""
+    from psycopg.pq import Trace
+
+    connection = connections[alias]
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
+        try:
+            work()
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        lines = trace.read().splitlines()
+    sent = [line.split("\t") for line in lines if line.startswith("F\t")]
+    return [parts[3] if len(parts) > 3 else parts[2] for parts in sent]
+
+
+def test_uncontended_run_is_one_insert_and_one_delete_on_postgres() -> None:
+    require_service("postgres")
+    service = TaskLockService(DatabaseProvider(using="postgres"))
+    service.run_exclusive("warm-up", lambda: None)  # connect outside the measurement
+    sent = _statements_sent("postgres", lambda: service.run_exclusive("rt", lambda: None))
+    kinds = [re.sub(r"^\s*\"?(\w+).*", r"\1", text).upper() for text in sent]
+    assert kinds == ["INSERT", "DELETE"], sent
+    assert all("cache_entries" in text for text in sent)
+
+
+def test_lock_inside_a_transaction_is_visible_at_once_and_survives_rollback(alias: str) -> None:
+    provider = DatabaseProvider(using=alias)
+    seen_by_others: list[bool] = []
+
+    def other_worker() -> None:
+        started = time.monotonic()
+        seen_by_others.append(
+            not provider.acquire("in-tx", new_token(), ttl=LONG, max_lifetime=LIFE)
+        )
+        seen_by_others.append(time.monotonic() - started < 2)
+        provider.close()
+
+    def work() -> str:
+        thread = threading.Thread(target=other_worker)
+        thread.start()
+        thread.join()
+        return "done"
+
+    with transaction.atomic(using=alias):
+        result = TaskLockService(provider).run_exclusive("in-tx", work)
+        assert connections[alias].in_atomic_block
+        transaction.set_rollback(True, using=alias)
+    assert (result.acquired, result.result, result.lost) == (True, "done", False)
+    assert seen_by_others == [True, True]  # refused at once, not blocked until commit
+    assert provider.peek("in-tx") is None  # released, whatever the transaction did
+    assert not CacheEntry.objects.using(alias).filter(key="task-lock:in-tx").exists()
+
+
+def test_lease_taken_inside_a_transaction_is_committed_before_the_caller_commits(
+    alias: str,
+) -> None:
+    provider = DatabaseProvider(using=alias)
+    token = new_token()
+    with transaction.atomic(using=alias):
+        assert provider.acquire("committed", token, ttl=LONG, max_lifetime=LIFE)
+        transaction.set_rollback(True, using=alias)
+    assert provider.peek("committed") is not None
+    assert provider.release("committed", token)
+
+
+def test_integrity_error_without_the_row_is_raised_not_held(alias: str) -> None:
+    provider = DatabaseProvider(using=alias)
+    not_a_conflict = IntegrityError("NOT NULL constraint failed: cache_entries.value")
+    with (
+        mock.patch("django.db.models.QuerySet.create", side_effect=not_a_conflict),
+        pytest.raises(IntegrityError, match="NOT NULL"),
+    ):
+        provider.acquire("ghost", new_token(), ttl=LONG, max_lifetime=LIFE)
+
+
+def test_refresh_after_the_connection_was_killed_reconnects(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    require_service("postgres")
+    provider = DatabaseProvider(using="postgres")
+    service = TaskLockService(provider)
+    kills: list[int] = []
+
+    def work() -> None:
+        time.sleep(0.5)  # the heartbeat has connected and refreshed
+        with connections["postgres"].cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND backend_type = 'client backend'"
+            )
+            kills.append(len(cursor.fetchall()))
+        time.sleep(1.5)
+        assert not provider.acquire("killed-conn", new_token(), ttl=LONG, max_lifetime=LIFE)
+
+    with caplog.at_level(logging.WARNING, logger="django_tasklock"):
+        result = service.run_exclusive("killed-conn", work, ttl=1.0, refresh_interval=0.3)
+    assert kills
+    assert kills[0] >= 1
+    assert "retrying" in caplog.text
+    assert result.acquired
+    assert not result.lost
+
+
+def test_release_of_an_expired_own_row_reports_lost_and_clears_it(alias: str) -> None:
+    provider = DatabaseProvider(using=alias)
+    token = new_token()
+    assert provider.acquire("expired-own", token, ttl=timedelta(seconds=0.2), max_lifetime=LIFE)
+    time.sleep(0.3)
+    assert not provider.release("expired-own", token)
+    assert not CacheEntry.objects.using(alias).filter(key="task-lock:expired-own").exists()
+
+
+def test_provider_without_the_app_installed_says_how_to_fix(
+    settings: Any,
+) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    provider = DatabaseProvider()
+    with (
+        mock.patch("django.apps.apps.is_installed", return_value=False),
+        pytest.raises(ImproperlyConfigured, match="INSTALLED_APPS"),
+    ):
+        provider.acquire("x", new_token(), ttl=LONG, max_lifetime=LIFE)
+
+
+def test_sqlite_test_database_is_a_file() -> None:
+    # Other processes of the contract suite open it by name.
+    assert os.path.exists(connections["default"].settings_dict["NAME"])
