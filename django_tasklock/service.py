@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 
 from django_tasklock import checks as _checks  # noqa: F401 - checks also without the app
 from django_tasklock.backends import get_provider
-from django_tasklock.backends.base import BaseProvider, Holder
+from django_tasklock.backends.base import BaseProvider, HeldLock, Holder
 from django_tasklock.heartbeat import Lease, heartbeat
 from django_tasklock.options import (
     Duration,
@@ -60,6 +60,10 @@ class TaskLockService:
     @property
     def provider(self) -> BaseProvider:
         return self._provider if self._provider is not None else get_provider()
+
+    def peek(self, key: str) -> HeldLock | None:
+        """Who holds ``key`` and until when (by the storage's clock), or None if nobody."""
+        return self.provider.peek(validate_key(key))
 
     def run_exclusive(
         self,

@@ -42,7 +42,7 @@ def _rebuild(work_seconds: float) -> int:
 
 def _skip() -> None:
     # Who holds it, for the log; the holder may have finished in the meantime.
-    held = TaskLockService().provider.peek(ROLLUPS_KEY)
+    held = TaskLockService().peek(ROLLUPS_KEY)
     if held is None:
         logger.info("skipped: %r was held (and has just been released)", ROLLUPS_KEY)
     else:

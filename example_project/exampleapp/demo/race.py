@@ -53,7 +53,7 @@ def run_race(console: Console, *, workers: int, ttl: float) -> bool:
 
 def race_worker(*, ttl: float, start_at: float) -> int:
     """One racer: get ready, wait for the common start, try to rebuild. Returns the exit status."""
-    TaskLockService().provider.peek(ROLLUPS_KEY)  # connect now, not during the race
+    TaskLockService().peek(ROLLUPS_KEY)  # connect now, not during the race
     late = time.time() - start_at
     if late > 0:
         logger.warning("ready %.2f s after the common start time: this worker is late", late)

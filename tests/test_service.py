@@ -1,0 +1,94 @@
+"""The service's own rules: options, defaults, tokens, the heartbeat thread."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+
+from django_tasklock import Holder, TaskLockService
+from django_tasklock.backends.memory import MemoryProvider
+from django_tasklock.heartbeat import heartbeat
+from django_tasklock.options import LockOptions
+from django_tasklock.service import new_token
+
+
+def test_defaults_are_15_minutes_a_third_and_24_hours() -> None:
+    options = LockOptions.resolve()
+    assert options.ttl == timedelta(minutes=15)
+    assert options.refresh_interval == timedelta(minutes=5)
+    assert options.max_lifetime == timedelta(hours=24)
+
+
+def test_refresh_interval_follows_a_short_ttl() -> None:
+    assert LockOptions.resolve(ttl=10).refresh_interval == timedelta(seconds=10 / 3)
+
+
+def test_seconds_and_timedeltas_are_equal() -> None:
+    assert LockOptions.resolve(ttl=90.0, refresh_interval=30) == LockOptions.resolve(
+        ttl=timedelta(seconds=90), refresh_interval=timedelta(seconds=30)
+    )
+
+
+def test_project_defaults_apply_and_calls_override_them() -> None:
+    with override_settings(TASKLOCK_DEFAULTS={"ttl": 60, "max_lifetime": timedelta(hours=2)}):
+        options = LockOptions.resolve()
+        assert (options.ttl, options.refresh_interval, options.max_lifetime) == (
+            timedelta(seconds=60),
+            timedelta(seconds=20),
+            timedelta(hours=2),
+        )
+        assert LockOptions.resolve(ttl=30).ttl == timedelta(seconds=30)
+
+
+def test_invalid_project_default_is_named_as_the_setting() -> None:
+    with (
+        override_settings(TASKLOCK_DEFAULTS={"ttl": -5}),
+        pytest.raises(ValueError, match=r"TASKLOCK_DEFAULTS\['ttl'\]"),
+    ):
+        LockOptions.resolve()
+
+
+def test_token_is_unguessable_and_names_host_and_pid() -> None:
+    token = new_token()
+    host, pid, secret = token.rsplit(":", 2)
+    assert (host, int(pid)) == (socket.gethostname(), os.getpid())
+    assert len(secret) >= 22  # at least 128 bits from secrets
+    assert Holder.from_token(token) == Holder(socket.gethostname(), os.getpid())
+
+
+def test_holder_of_a_foreign_value() -> None:
+    assert Holder.from_token("garbage") == Holder("?", None)
+    assert str(Holder("?", None)) == "?:?"
+
+
+def test_heartbeat_thread_is_a_daemon() -> None:
+    service = TaskLockService(MemoryProvider())
+    service.run_exclusive("daemon", lambda: None)
+    threads = [t for t in threading.enumerate() if t.name == "django-tasklock-heartbeat"]
+    assert len(threads) == 1
+    assert threads[0].daemon
+    assert heartbeat()._thread is threads[0]
+
+
+def test_heartbeat_does_not_refresh_work_that_ends_before_the_first_tick() -> None:
+    from django_tasklock.testing import FaultyProvider
+
+    faulty = FaultyProvider(MemoryProvider())
+    TaskLockService(faulty).run_exclusive("quick", lambda: None, ttl=0.3)
+    threading.Event().wait(0.4)
+    assert faulty.refresh_calls == 0
+
+
+def test_peek_validates_the_key_and_reports_the_holder() -> None:
+    service = TaskLockService(MemoryProvider())
+    with pytest.raises(ValueError, match="key"):
+        service.peek("")
+    seen = service.run_exclusive("peeked", lambda: service.peek("peeked"))
+    assert seen.result is not None
+    assert seen.result.holder == Holder(socket.gethostname(), os.getpid())
+    assert service.peek("peeked") is None
