@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 from django_tasklock.signals import lock_lost
 
 if TYPE_CHECKING:
+    from django.dispatch import Signal
+
     from django_tasklock.backends.base import BaseProvider, Holder
     from django_tasklock.options import LockOptions
 
@@ -66,7 +68,22 @@ class Lease:
             when,
             self.holder,
         )
-        lock_lost.send(sender=type(self.provider), key=self.key, holder=self.holder)
+        send_signal(lock_lost, self)
+
+
+def send_signal(signal: Signal, lease: Lease) -> None:
+    """Send ``signal`` about ``lease``; a failing receiver is logged, never raised.
+
+    The lock must not depend on receivers: an exception here would skip a
+    release, or end the heartbeat thread and with it every lease's refresh.
+    """
+    for receiver, outcome in signal.send_robust(
+        sender=type(lease.provider), key=lease.key, holder=lease.holder
+    ):
+        if isinstance(outcome, Exception):
+            logger.error(
+                "A receiver of a django-tasklock signal failed: %r", receiver, exc_info=outcome
+            )
 
 
 class Heartbeat:
@@ -133,7 +150,12 @@ class Heartbeat:
                     except Exception:  # pragma: no cover - closing is best effort
                         logger.debug("Closing idle connections failed.", exc_info=True)
                 continue
-            if self._beat(due):
+            try:
+                again = self._beat(due)
+            except Exception:  # pragma: no cover - _beat handles what it expects
+                logger.exception("The django-tasklock heartbeat failed on %r.", due.key)
+                again = True
+            if again:
                 with self._cond:
                     if not due.closed:
                         heapq.heappush(self._heap, (due.next_due, next(self._seq), due))

@@ -13,7 +13,7 @@ from typing import Generic, TypeVar
 from django_tasklock import checks as _checks  # noqa: F401 - checks also without the app
 from django_tasklock.backends import get_provider
 from django_tasklock.backends.base import BaseProvider, HeldLock, Holder
-from django_tasklock.heartbeat import Lease, heartbeat
+from django_tasklock.heartbeat import Lease, heartbeat, send_signal
 from django_tasklock.options import (
     Duration,
     LockOptions,
@@ -102,6 +102,7 @@ class TaskLockService:
                 on_locked()
             return LockResult(acquired=False)
         try:
+            self._hold(lease)
             result = fn()
         finally:
             self._release(lease)
@@ -126,10 +127,12 @@ class TaskLockService:
         token = new_token()
         if not provider.acquire(key, token, ttl=options.ttl, max_lifetime=options.max_lifetime):
             return None
-        lease = Lease(provider, key, token, Holder.from_token(token), options)
+        return Lease(provider, key, token, Holder.from_token(token), options)
+
+    def _hold(self, lease: Lease) -> None:
+        """Start keeping ``lease`` alive (call inside the ``try`` that releases it)."""
         heartbeat().add(lease)
-        lock_acquired.send(sender=type(provider), key=key, holder=lease.holder)
-        return lease
+        send_signal(lock_acquired, lease)
 
     def _release(self, lease: Lease) -> None:
         heartbeat().remove(lease)
@@ -143,7 +146,7 @@ class TaskLockService:
             )
             return
         if released:
-            lock_released.send(sender=type(lease.provider), key=lease.key, holder=lease.holder)
+            send_signal(lock_released, lease)
         else:
             lease.report_lost("release")
 

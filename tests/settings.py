@@ -26,7 +26,11 @@ DATABASES: dict[str, Any] = {
 }
 POSTGRES_URL = services.service_url("postgres", services.POSTGRES_ENV)
 if POSTGRES_URL:
-    DATABASES["postgres"] = services.postgres_settings(POSTGRES_URL)
+    DATABASES["postgres"] = {
+        **services.postgres_settings(POSTGRES_URL),
+        # One test database per run, so that runs side by side (tox) don't collide.
+        "TEST": {"NAME": f"test_tasklock_{os.getpid()}"},
+    }
 
 REDIS_URL = services.service_url("redis", services.REDIS_ENV)
 CACHES: dict[str, Any] = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

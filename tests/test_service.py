@@ -92,3 +92,36 @@ def test_peek_validates_the_key_and_reports_the_holder() -> None:
     assert seen.result is not None
     assert seen.result.holder == Holder(socket.gethostname(), os.getpid())
     assert service.peek("peeked") is None
+
+
+def test_failing_signal_receivers_never_break_the_lock(caplog: pytest.LogCaptureFixture) -> None:
+    from django_tasklock import lock_acquired, lock_lost, lock_released
+
+    def broken(**kwargs: object) -> None:
+        raise RuntimeError("receiver bug")
+
+    provider = MemoryProvider()
+    service = TaskLockService(provider)
+    for signal in (lock_acquired, lock_released, lock_lost):
+        signal.connect(broken)
+    try:
+        # A lease lost (and its broken receiver run) on the heartbeat thread...
+        lost = service.run_exclusive(
+            "loses",
+            lambda: (provider.force_release("loses"), threading.Event().wait(0.5)),
+            ttl=0.3,
+            refresh_interval=0.1,
+        )
+        # ...leaves the heartbeat alive for the next one, which outlives its ttl.
+        kept = service.run_exclusive(
+            "kept", lambda: threading.Event().wait(0.6), ttl=0.3, refresh_interval=0.1
+        )
+    finally:
+        for signal in (lock_acquired, lock_released, lock_lost):
+            signal.disconnect(broken)
+    assert lost.acquired
+    assert lost.lost
+    assert kept.acquired
+    assert not kept.lost
+    assert provider.list() == []
+    assert "receiver bug" in caplog.text
