@@ -1,8 +1,9 @@
 """Settings of the example project: SQLite next to this package, no other services.
 
 The lock backend is not set here, so the ``TASKLOCK_BACKEND`` environment
-variable chooses it ("database" when unset). For Redis, also set
-``TASKLOCK_REDIS_URL``, e.g. ``redis://127.0.0.1:6379/0``.
+variable chooses it ("database" when unset): ``TASKLOCK_BACKEND=redis`` alone
+switches to the Redis at ``redis://127.0.0.1:6379/0`` (another one with the
+``TASKLOCK_REDIS_URL`` environment variable; needs ``pip install -e '.[redis]'``).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ DATABASES: dict[str, Any] = {
     },
 }
 
-if os.environ.get("TASKLOCK_REDIS_URL"):
-    TASKLOCK_REDIS_URL = os.environ["TASKLOCK_REDIS_URL"]
+# Used only when the Redis backend is chosen.
+TASKLOCK_REDIS_URL = os.environ.get("TASKLOCK_REDIS_URL") or "redis://127.0.0.1:6379/0"
 
 LOGGING: dict[str, Any] = {
     "version": 1,
