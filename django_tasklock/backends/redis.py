@@ -28,6 +28,7 @@ from django.core import checks
 from django.core.cache import InvalidCacheBackendError
 from django.core.exceptions import ImproperlyConfigured
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from django_tasklock.backends.base import (
     KEY_PREFIX,
@@ -254,12 +255,23 @@ class RedisProvider(BaseProvider):
         results = []
         for start in range(0, len(found), _BATCH):
             batch = found[start : start + _BATCH]
+            replies = self._pipelined(name, batch, args)
+            results += [(caller_key(_text(k)), r) for k, r in zip(batch, replies, strict=True)]
+        return results
+
+    def _pipelined(self, name: str, batch: list[Any], args: tuple[Any, ...]) -> list[Any]:
+        # A pipeline loads missing scripts before sending, but a script cache
+        # flushed (a restart, a failover) in between fails it once: retry once.
+        for attempt in (1, 2):
             pipe = self._conn().pipeline(transaction=False)
             for stored in batch:
                 self._run(name, stored, *args, client=pipe)
-            replies = pipe.execute()
-            results += [(caller_key(_text(k)), r) for k, r in zip(batch, replies, strict=True)]
-        return results
+            try:
+                return list(pipe.execute())
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod
     def _held(key: str, reply: Any) -> HeldLock | None:
