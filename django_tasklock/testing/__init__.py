@@ -8,8 +8,9 @@ needs pytest.
 
 from __future__ import annotations
 
-from django_tasklock.testing.contract import ContractBackend, ProviderContract
+from django_tasklock.testing.contract import ProviderContract
 from django_tasklock.testing.faults import FaultyProvider, InjectedFault
+from django_tasklock.testing.support import ContractBackend
 from django_tasklock.testing.workers import ProviderRecipe
 
 __all__ = [

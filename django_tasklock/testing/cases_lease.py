@@ -1,0 +1,196 @@
+"""Contract cases: heartbeat, hard deadline, reclaim and release (SPEC §3, items 3 to 6)."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+
+from django_tasklock.backends.base import BaseProvider, HeldLock, storage_key
+from django_tasklock.service import TaskLockService, new_token
+from django_tasklock.testing.support import (
+    LIFE,
+    LONG,
+    SLACK,
+    ContractBackend,
+    SignalRecorder,
+    cross_process_recipe,
+    require,
+    wait_until,
+)
+from django_tasklock.testing.workers import hold_until_killed
+
+
+class LeaseCases:
+    """A lease's life: extended while work runs, capped, reclaimed, released."""
+
+    # -- 3. heartbeat ----------------------------------------------------------
+
+    def test_refresh_extends_a_live_lease(self, provider: BaseProvider, key: str) -> None:
+        token, life = new_token(), timedelta(hours=1)
+        assert provider.acquire(key, token, ttl=timedelta(seconds=1), max_lifetime=life)
+        time.sleep(0.5)
+        assert provider.refresh(key, token, ttl=timedelta(seconds=1), max_lifetime=life)
+        time.sleep(0.7)  # past the first lease's end
+        held = provider.peek(key)
+        assert held is not None
+        assert 0 < held.seconds_left <= 1
+
+    def test_refresh_never_resurrects_an_expired_lease(
+        self, provider: BaseProvider, key: str
+    ) -> None:
+        token, life = new_token(), timedelta(hours=1)
+        assert provider.acquire(key, token, ttl=timedelta(seconds=0.3), max_lifetime=life)
+        time.sleep(0.5)
+        assert not provider.refresh(key, token, ttl=timedelta(seconds=30), max_lifetime=life)
+        assert provider.peek(key) is None
+
+    def test_heartbeat_keeps_work_longer_than_ttl_exclusive(
+        self, service: TaskLockService, provider: BaseProvider, key: str
+    ) -> None:
+        rivals: list[bool] = []
+
+        def work() -> str:
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                rivals.append(provider.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE))
+                time.sleep(0.1)
+            return "done"
+
+        result = service.run_exclusive(key, work, ttl=0.6, refresh_interval=0.2)
+        assert (result.acquired, result.result, result.lost) == (True, "done", False)
+        assert rivals
+        assert not any(rivals)
+        assert provider.peek(key) is None
+
+    # -- 4. hard deadline --------------------------------------------------------
+
+    def test_storage_caps_refresh_at_max_lifetime(self, provider: BaseProvider, key: str) -> None:
+        token, life = new_token(), timedelta(seconds=1.2)
+        assert provider.acquire(key, token, ttl=timedelta(seconds=1), max_lifetime=life)
+        time.sleep(0.5)
+        assert provider.refresh(key, token, ttl=timedelta(seconds=30), max_lifetime=life)
+        held = provider.peek(key)
+        assert held is not None
+        assert held.seconds_left <= 0.7 + SLACK / 2
+        time.sleep(0.9)
+        assert provider.peek(key) is None
+        assert provider.acquire(key, new_token(), ttl=LONG, max_lifetime=life)
+
+    def test_work_past_max_lifetime_loses_the_key(
+        self,
+        service: TaskLockService,
+        provider: BaseProvider,
+        key: str,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        taken_after: list[float] = []
+
+        def runaway() -> None:
+            start = time.monotonic()
+            when = wait_until(
+                lambda: provider.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE),
+                timeout=4,
+                step=0.05,
+            )
+            taken_after.append(when - start)
+
+        with caplog.at_level(logging.WARNING, logger="django_tasklock"):
+            result = service.run_exclusive(
+                key, runaway, ttl=0.5, refresh_interval=0.15, max_lifetime=1.0
+            )
+        assert 1.0 - SLACK <= taken_after[0] <= 1.0 + SLACK
+        assert "max_lifetime" in caplog.text
+        assert result.lost
+
+    # -- 5. reclaim --------------------------------------------------------------
+
+    def test_expired_lease_is_taken_over(self, provider: BaseProvider, key: str) -> None:
+        life = timedelta(hours=1)
+        assert provider.acquire(key, new_token(), ttl=timedelta(seconds=0.3), max_lifetime=life)
+        assert not provider.acquire(key, new_token(), ttl=LONG, max_lifetime=life)
+        time.sleep(0.45)
+        assert provider.acquire(key, new_token(), ttl=LONG, max_lifetime=life)
+
+    def test_lease_older_than_24_hours_is_taken_over(
+        self, backend: ContractBackend, provider: BaseProvider, key: str
+    ) -> None:
+        plant = require(backend, "plant")
+        plant(storage_key(key), new_token(), timedelta(hours=25), timedelta(hours=1))
+        assert provider.peek(key) is None
+        assert provider.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
+
+    def test_killed_holder_is_reclaimed_after_its_ttl_and_not_before(
+        self, backend: ContractBackend, provider: BaseProvider, key: str
+    ) -> None:
+        recipe = cross_process_recipe(backend)
+        ttl, interval = 1.5, 0.5
+        ctx = multiprocessing.get_context("spawn")
+        ours, theirs = ctx.Pipe()
+        proc = ctx.Process(target=hold_until_killed, args=(recipe, key, ttl, interval, theirs))
+        proc.start()
+        try:
+            assert ours.poll(60), "the holder never reported"
+            assert proc.pid is not None
+            assert ours.recv() == ("acquired", proc.pid)
+            time.sleep(2 * ttl)  # its heartbeat keeps it past the ttl
+            held = provider.peek(key)
+            assert held is not None
+            assert held.holder.pid == proc.pid
+            os.kill(proc.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            proc.join(5)
+            life = timedelta(hours=1)
+            reclaimed = wait_until(
+                lambda: provider.acquire(key, new_token(), ttl=LONG, max_lifetime=life),
+                timeout=ttl + 5,
+            )
+        finally:
+            if proc.is_alive():
+                proc.kill()
+        assert ttl - interval - SLACK <= reclaimed - killed <= ttl + SLACK
+
+    # -- 6. release --------------------------------------------------------------
+
+    @pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt, SystemExit])
+    def test_release_on_every_exit_and_the_exception_propagates(
+        self, service: TaskLockService, provider: BaseProvider, key: str, exc: type[BaseException]
+    ) -> None:
+        raised = exc("boom")
+
+        def fail() -> None:
+            assert provider.peek(key) is not None
+            raise raised
+
+        with pytest.raises(exc) as info:
+            service.run_exclusive(key, fail)
+        assert info.value is raised
+        assert provider.peek(key) is None
+
+    def test_run_exclusive_returns_the_result_and_releases(
+        self, service: TaskLockService, provider: BaseProvider, key: str, signals: SignalRecorder
+    ) -> None:
+        result = service.run_exclusive(key, lambda: provider.peek(key))
+        assert result.acquired
+        assert not result.lost
+        assert isinstance(result.result, HeldLock)
+        assert result.result.key == key
+        assert provider.peek(key) is None
+        assert [name for name, _ in signals.sent] == ["acquired", "released"]
+        assert all(kw["key"] == key and kw["holder"].pid == os.getpid() for _, kw in signals.sent)
+
+    def test_held_key_runs_nothing_and_calls_on_locked(
+        self, service: TaskLockService, provider: BaseProvider, key: str
+    ) -> None:
+        assert provider.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
+        ran: list[str] = []
+        result = service.run_exclusive(
+            key, lambda: ran.append("fn"), on_locked=lambda: ran.append("on_locked")
+        )
+        assert (result.acquired, result.result, result.lost) == (False, None, False)
+        assert ran == ["on_locked"]

@@ -1,0 +1,130 @@
+"""Contract cases: namespacing, peek/list/clear_stale, bad input (SPEC §3 item 10, §7)."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from django_tasklock.backends.base import KEY_PREFIX, BaseProvider, storage_key
+from django_tasklock.service import TaskLockService, new_token
+from django_tasklock.testing.support import (
+    LIFE,
+    LONG,
+    ContractBackend,
+    require,
+)
+
+
+class OperationCases:
+    """The namespace and the operators' view, and what callers may not pass."""
+
+    # -- 10. namespacing -------------------------------------------------------------
+
+    def test_stored_key_is_exactly_prefixed(self, backend: ContractBackend, key: str) -> None:
+        stored_keys = require(backend, "stored_keys")
+        token = new_token()
+        assert backend.provider.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        assert KEY_PREFIX + key in stored_keys()
+        assert backend.provider.release(key, token)
+        assert KEY_PREFIX + key not in stored_keys()
+
+    def test_entries_outside_the_namespace_are_never_touched(
+        self, backend: ContractBackend, key: str
+    ) -> None:
+        put_foreign, stored_keys = (
+            require(backend, "put_foreign"),
+            require(backend, "stored_keys"),
+        )
+        provider = backend.provider
+        foreign = {f"cache:{key}", f"task-lock{key}", key}
+        for stored in foreign:
+            put_foreign(stored)
+        provider.acquire(key, new_token(), ttl=timedelta(seconds=0.2), max_lifetime=LIFE)
+        time.sleep(0.3)
+        provider.clear_stale()
+        assert not provider.force_release(f"../{key}")
+        assert all(held.key != key for held in provider.list())
+        assert foreign <= stored_keys()
+
+    # -- operating: peek, list, clear_stale ----------------------------------------------
+
+    def test_peek_and_list_show_live_leases_only(self, provider: BaseProvider, key: str) -> None:
+        life = timedelta(hours=1)
+        assert provider.acquire(
+            key + "-b", new_token(), ttl=timedelta(seconds=30), max_lifetime=life
+        )
+        assert provider.acquire(
+            key + "-a", new_token(), ttl=timedelta(seconds=30), max_lifetime=life
+        )
+        assert provider.acquire(
+            key + "-x", new_token(), ttl=timedelta(seconds=0.2), max_lifetime=life
+        )
+        time.sleep(0.3)
+        mine = [held for held in provider.list() if held.key.startswith(key)]
+        assert [held.key for held in mine] == [key + "-a", key + "-b"]
+        for held in mine:
+            assert held.acquired_at < held.expires_at
+            assert 29 <= held.seconds_left <= 30
+            assert abs((held.expires_at - held.acquired_at).total_seconds() - 30) < 1
+        assert provider.peek(key + "-x") is None
+
+    def test_clear_stale_deletes_expired_and_abandoned_leases_only(
+        self, backend: ContractBackend, provider: BaseProvider, key: str
+    ) -> None:
+        life = timedelta(hours=1)
+        assert provider.acquire(key + "-live", new_token(), ttl=LONG, max_lifetime=life)
+        assert provider.acquire(
+            key + "-gone", new_token(), ttl=timedelta(seconds=0.2), max_lifetime=life
+        )
+        if backend.plant is not None:
+            backend.plant(storage_key(key + "-old"), new_token(), timedelta(hours=25), LIFE)
+        time.sleep(0.3)
+        before = provider.clear_stale(dry_run=True)
+        assert provider.clear_stale() == before
+        assert provider.clear_stale() == 0
+        assert provider.peek(key + "-live") is not None
+        assert provider.force_release(key + "-live")
+
+    # -- bad input ---------------------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "names"),
+        [
+            ({"key": ""}, ValueError, "key"),
+            ({"key": 7}, TypeError, "key"),
+            ({"key": "k" * 246}, ValueError, "key"),
+            ({"fn": "not callable"}, TypeError, "fn"),
+            ({"ttl": 0}, ValueError, "ttl"),
+            ({"ttl": -1}, ValueError, "ttl"),
+            ({"ttl": timedelta(0)}, ValueError, "ttl"),
+            ({"ttl": "60"}, TypeError, "ttl"),
+            ({"ttl": True}, TypeError, "ttl"),
+            ({"ttl": float("nan")}, ValueError, "ttl"),
+            ({"refresh_interval": 0}, ValueError, "refresh_interval"),
+            ({"ttl": 10, "refresh_interval": 10}, ValueError, "refresh_interval"),
+            ({"max_lifetime": 0}, ValueError, "max_lifetime"),
+            ({"max_lifetime": timedelta(hours=24, seconds=1)}, ValueError, "max_lifetime"),
+            ({"on_locked": 3}, TypeError, "on_locked"),
+        ],
+    )
+    def test_bad_input_is_rejected_before_anything_is_written(
+        self,
+        provider: BaseProvider,
+        key: str,
+        kwargs: dict[str, Any],
+        error: type[Exception],
+        names: str,
+    ) -> None:
+        ran: list[bool] = []
+        call: dict[str, Any] = {"key": key, "fn": lambda: ran.append(True), **kwargs}
+        with pytest.raises(error, match=names):
+            TaskLockService(provider).run_exclusive(call.pop("key"), call.pop("fn"), **call)
+        assert ran == []
+        assert provider.peek(key) is None
+
+    def test_longest_key_is_accepted(self, service: TaskLockService, key: str) -> None:
+        longest = (key + "k" * 245)[:245]
+        assert service.run_exclusive(longest, lambda: True).result is True
