@@ -125,3 +125,28 @@ def test_failing_signal_receivers_never_break_the_lock(caplog: pytest.LogCapture
     assert not kept.lost
     assert provider.list() == []
     assert "receiver bug" in caplog.text
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_gets_a_heartbeat_of_its_own() -> None:
+    # Celery's prefork pool forks workers from a parent that may hold leases.
+    import multiprocessing
+
+    parent = TaskLockService(MemoryProvider())
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+
+    def child() -> None:
+        result = TaskLockService(MemoryProvider()).run_exclusive(
+            "child", lambda: threading.Event().wait(0.8), ttl=0.3, refresh_interval=0.1
+        )
+        results.put(result.lost)
+
+    def fork_while_holding() -> None:
+        process = ctx.Process(target=child)
+        process.start()
+        process.join(10)
+
+    held = parent.run_exclusive("parent", fork_while_holding, ttl=0.5, refresh_interval=0.1)
+    assert results.get(timeout=5) is False  # the child's lease was kept alive
+    assert not held.lost
