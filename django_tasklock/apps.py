@@ -3,11 +3,22 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import AppConfig
-from django.core.signals import setting_changed
+from django.core.signals import request_finished, request_started, setting_changed
+
+# What the chosen provider is built from (TASKLOCK_DEFAULTS is read per call).
+_PROVIDER_SETTINGS = {
+    "TASKLOCK_BACKEND",
+    "TASKLOCK_DATABASE",
+    "TASKLOCK_REDIS_CACHE",
+    "TASKLOCK_REDIS_URL",
+    "CACHES",
+    "DATABASES",
+    "INSTALLED_APPS",
+}
 
 
 def _forget_provider(*, setting: str, **kwargs: Any) -> None:
-    if setting.startswith("TASKLOCK_") or setting in {"CACHES", "DATABASES"}:
+    if setting in _PROVIDER_SETTINGS:
         from django_tasklock.backends import reset_provider
 
         reset_provider()
@@ -20,5 +31,9 @@ class TaskLockConfig(AppConfig):
 
     def ready(self) -> None:
         from django_tasklock import checks  # noqa: F401 - registers the system checks
+        from django_tasklock.backends.db_connections import close_side_connections
 
         setting_changed.connect(_forget_provider, dispatch_uid="django_tasklock.reset")
+        # Side connections of the database backend live and die like Django's own.
+        for signal in (request_started, request_finished):
+            signal.connect(close_side_connections, dispatch_uid="django_tasklock.close")

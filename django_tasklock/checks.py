@@ -34,6 +34,8 @@ def check_tasklock_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
         errors.extend(cls.check())
     try:
         LockOptions.resolve()
+        # The defaults must also hold together, as if a caller passed them all.
+        LockOptions.resolve(**conf.DEFAULTS, defaults={})
     except (TypeError, ValueError) as exc:
         errors.append(
             checks.Error(

@@ -36,16 +36,31 @@ class Lease:
     """One lock held by this process: what the heartbeat keeps alive, what the caller reads."""
 
     def __init__(
-        self, provider: BaseProvider, key: str, token: str, holder: Holder, options: LockOptions
+        self,
+        provider: BaseProvider,
+        key: str,
+        token: str,
+        holder: Holder,
+        options: LockOptions,
+        *,
+        asked_at: float,
     ) -> None:
+        """``asked_at``: ``time.monotonic()`` just before the acquisition was sent.
+
+        The storage dated the lease after that instant, so every local time
+        derived from it (the deadline, when the lease is surely valid until)
+        errs on the early side.
+        """
         self.provider = provider
         self.key = key
         self.token = token
         self.holder = holder
         self.options = options
-        self.acquired_at = time.monotonic()
-        self.deadline = self.acquired_at + options.max_lifetime.total_seconds()
-        self.next_due = self.acquired_at + options.refresh_interval.total_seconds()
+        self.pid = os.getpid()
+        self.deadline = asked_at + options.max_lifetime.total_seconds()
+        self.next_due = asked_at + options.refresh_interval.total_seconds()
+        #: Until when the lease is known to be live, by the last confirmation.
+        self.valid_until = asked_at + min(options.ttl, options.max_lifetime).total_seconds()
         self.closed = False
         self._lost = False
         self._lost_lock = threading.Lock()
@@ -100,7 +115,7 @@ class Heartbeat:
         with self._cond:
             heapq.heappush(self._heap, (lease.next_due, next(self._seq), lease))
             self._touched[id(lease.provider)] = lease.provider
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="django-tasklock-heartbeat", daemon=True
                 )
@@ -152,7 +167,7 @@ class Heartbeat:
                 continue
             try:
                 again = self._beat(due)
-            except Exception:  # pragma: no cover - _beat handles what it expects
+            except BaseException:  # even SystemExit from a receiver: the thread must go on
                 logger.exception("The django-tasklock heartbeat failed on %r.", due.key)
                 again = True
             if again:
@@ -181,6 +196,12 @@ class Heartbeat:
                 max_lifetime=lease.options.max_lifetime,
             )
         except Exception:
+            if lease.closed:
+                return False
+            if time.monotonic() > lease.valid_until:
+                logger.warning("Refreshing task lock %r failed.", lease.key, exc_info=True)
+                lease.report_lost("no refresh succeeded before the lease ran out")
+                return False
             logger.warning(
                 "Refreshing task lock %r failed; retrying in %.1f s.",
                 lease.key,
@@ -188,9 +209,12 @@ class Heartbeat:
                 exc_info=True,
             )
             return True
-        if not still_ours and not lease.closed:
+        if lease.closed:
+            return False
+        if not still_ours:
             lease.report_lost("refresh")
             return False
+        lease.valid_until = min(now + lease.options.ttl.total_seconds(), lease.deadline)
         return True
 
 

@@ -71,8 +71,8 @@ class LockOptions:
         """Combine the call's options with ``TASKLOCK_DEFAULTS`` (or ``defaults``).
 
         ``refresh_interval`` defaults to a third of the ttl unless the settings
-        name one. A value from settings that is invalid is reported as
-        ``TASKLOCK_DEFAULTS['name']``.
+        name one shorter than the ttl. A value from settings that is invalid
+        is reported as ``TASKLOCK_DEFAULTS['name']``.
         """
         project = conf.DEFAULTS if defaults is None else dict(defaults)
         unknown = set(project) - set(OPTION_NAMES)
@@ -89,7 +89,10 @@ class LockOptions:
             return None
 
         ttl_td = pick("ttl", ttl) or DEFAULT_TTL
-        interval_td = pick("refresh_interval", refresh_interval) or ttl_td / 3
+        interval_td = pick("refresh_interval", refresh_interval)
+        if interval_td is None or (refresh_interval is None and interval_td >= ttl_td):
+            # A project-wide interval too long for this call's ttl gives way.
+            interval_td = ttl_td / 3
         lifetime_td = pick("max_lifetime", max_lifetime) or MAX_LIFETIME_LIMIT
         if interval_td >= ttl_td:
             raise ValueError(

@@ -7,6 +7,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -125,9 +126,10 @@ class TaskLockService:
         )
         provider = self.provider
         token = new_token()
+        asked_at = time.monotonic()
         if not provider.acquire(key, token, ttl=options.ttl, max_lifetime=options.max_lifetime):
             return None
-        return Lease(provider, key, token, Holder.from_token(token), options)
+        return Lease(provider, key, token, Holder.from_token(token), options, asked_at=asked_at)
 
     def _hold(self, lease: Lease) -> None:
         """Start keeping ``lease`` alive (call inside the ``try`` that releases it)."""
@@ -135,6 +137,8 @@ class TaskLockService:
         send_signal(lock_acquired, lease)
 
     def _release(self, lease: Lease) -> None:
+        if lease.pid != os.getpid():
+            return  # a forked child leaving the work: the lease is its parent's
         heartbeat().remove(lease)
         try:
             released = lease.provider.release(lease.key, lease.token)
@@ -144,6 +148,8 @@ class TaskLockService:
                 lease.key,
                 exc_info=True,
             )
+            if time.monotonic() > lease.valid_until:
+                lease.report_lost("release, after the lease could have run out")
             return
         if released:
             send_signal(lock_released, lease)

@@ -9,6 +9,7 @@ import pytest
 from django.conf import settings
 from django.db import connections
 from django.db.models.functions import Now
+from django.db.utils import load_backend
 
 from django_tasklock.backends.base import caller_key, storage_key
 from django_tasklock.backends.database import DatabaseProvider
@@ -51,8 +52,11 @@ def database_backend(alias: str) -> ContractBackend:
             broken["NAME"] = "/nonexistent-directory/tasklock.sqlite3"
         else:
             broken["PORT"] = "1"
-        connections.settings[f"{alias}_unreachable"] = broken
-        return DatabaseProvider(using=f"{alias}_unreachable")
+        # A connection of this thread only, not in DATABASES: Django's test
+        # guards allow such dynamically created connections.
+        name = f"{alias}_unreachable"
+        connections[name] = load_backend(broken["ENGINE"]).DatabaseWrapper(broken, name)
+        return DatabaseProvider(using=name)
 
     settings_dict = dict(connections[alias].settings_dict)
     recipe = ProviderRecipe(

@@ -16,6 +16,7 @@ import pytest
 from django.db import IntegrityError, connections, transaction
 
 from django_tasklock.backends.database import DatabaseProvider
+from django_tasklock.exceptions import TaskLockError
 from django_tasklock.models import CacheEntry
 from django_tasklock.service import TaskLockService, new_token
 from tests.conftest import DATABASE_ALIASES, require_service
@@ -62,7 +63,17 @@ def test_uncontended_run_is_one_insert_and_one_delete_on_postgres() -> None:
     assert all("cache_entries" in text for text in sent)
 
 
-def test_lock_inside_a_transaction_is_visible_at_once_and_survives_rollback(alias: str) -> None:
+@pytest.fixture
+def server_alias() -> str:
+    """A database with a server (PostgreSQL): the one where a side connection works."""
+    require_service("postgres")
+    return "postgres"
+
+
+def test_lock_inside_a_transaction_is_visible_at_once_and_survives_rollback(
+    server_alias: str,
+) -> None:
+    alias = server_alias
     provider = DatabaseProvider(using=alias)
     seen_by_others: list[bool] = []
 
@@ -91,8 +102,9 @@ def test_lock_inside_a_transaction_is_visible_at_once_and_survives_rollback(alia
 
 
 def test_lease_taken_inside_a_transaction_is_committed_before_the_caller_commits(
-    alias: str,
+    server_alias: str,
 ) -> None:
+    alias = server_alias
     provider = DatabaseProvider(using=alias)
     token = new_token()
     with transaction.atomic(using=alias):
@@ -100,6 +112,56 @@ def test_lease_taken_inside_a_transaction_is_committed_before_the_caller_commits
         transaction.set_rollback(True, using=alias)
     assert provider.peek("committed") is not None
     assert provider.release("committed", token)
+
+
+def test_without_autocommit_the_lease_is_committed_at_once_too(server_alias: str) -> None:
+    provider = DatabaseProvider(using=server_alias)
+    token = new_token()
+    transaction.set_autocommit(False, using=server_alias)
+    try:
+        assert provider.acquire("no-autocommit", token, ttl=LONG, max_lifetime=LIFE)
+        transaction.rollback(using=server_alias)
+    finally:
+        transaction.set_autocommit(True, using=server_alias)
+    assert provider.peek("no-autocommit") is not None
+    assert provider.release("no-autocommit", token)
+
+
+def test_sqlite_refuses_a_lock_inside_a_transaction_and_writes_nothing() -> None:
+    provider = DatabaseProvider(using="default")
+    with transaction.atomic(using="default"), pytest.raises(TaskLockError, match="SQLite"):
+        provider.acquire("sqlite-tx", new_token(), ttl=LONG, max_lifetime=LIFE)
+    assert provider.peek("sqlite-tx") is None
+
+
+def test_side_connections_are_closed_at_request_boundaries(server_alias: str) -> None:
+    from django.core.signals import request_finished
+
+    provider = DatabaseProvider(using=server_alias)
+    with transaction.atomic(using=server_alias):
+        token = new_token()
+        assert provider.acquire("side", token, ttl=LONG, max_lifetime=LIFE)
+        assert provider.release("side", token)
+    side = connections[server_alias + "__tasklock"]
+    assert side.connection is not None
+    request_finished.send(sender=None)  # CONN_MAX_AGE = 0: closed like Django's own
+    assert side.connection is None
+
+
+def test_key_changing_hands_between_insert_and_look_is_held_not_an_error(alias: str) -> None:
+    # Another worker releases between our INSERT's conflict and our look at
+    # the row, again and again: a real duplicate-key error, and no row seen.
+    provider = DatabaseProvider(using=alias)
+    assert provider.acquire("churn", new_token(), ttl=LONG, max_lifetime=LIFE)
+    with mock.patch("django.db.models.QuerySet.exists", return_value=False):
+        assert not provider.acquire("churn", new_token(), ttl=LONG, max_lifetime=LIFE)
+
+
+def test_unknown_database_alias_is_improperly_configured() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="TASKLOCK_DATABASE"):
+        DatabaseProvider(using="nosuch").acquire("x", new_token(), ttl=LONG, max_lifetime=LIFE)
 
 
 def test_integrity_error_without_the_row_is_raised_not_held(alias: str) -> None:

@@ -194,7 +194,13 @@ def test_memory_backend_is_chosen_by_setting_and_shared_within_the_process() -> 
         assert result.result == (True, False)  # seen held and refused by another service
         assert provider.acquire("kept", new_token(), ttl=timedelta(minutes=5), max_lifetime=LIFE)
 
+        # Defaults are read per call: changing them keeps the provider and its locks.
         with override_settings(TASKLOCK_DEFAULTS={"ttl": 60}):
+            assert get_provider() is provider
+            assert provider.peek("kept") is not None
+
+        # Changing what the provider is built from gives a fresh one.
+        with override_settings(TASKLOCK_BACKEND="django_tasklock.backends.memory.MemoryProvider"):
             fresh = get_provider()
             assert isinstance(fresh, MemoryProvider)
             assert fresh is not provider

@@ -150,3 +150,68 @@ def test_a_forked_child_gets_a_heartbeat_of_its_own() -> None:
     held = parent.run_exclusive("parent", fork_while_holding, ttl=0.5, refresh_interval=0.1)
     assert results.get(timeout=5) is False  # the child's lease was kept alive
     assert not held.lost
+
+
+def test_lease_that_could_not_be_refreshed_past_its_end_is_reported_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from django_tasklock.testing import FaultyProvider
+
+    faulty = FaultyProvider(MemoryProvider(), refresh_failures=1000, release_fails=True)
+    result = TaskLockService(faulty).run_exclusive(
+        "unconfirmed", lambda: threading.Event().wait(0.7), ttl=0.3, refresh_interval=0.1
+    )
+    assert result.acquired
+    assert result.lost  # nothing confirmed the lease after its ttl ran out
+    assert "no refresh succeeded" in caplog.text
+
+
+def test_heartbeat_outlives_a_receiver_that_raises_system_exit() -> None:
+    from django_tasklock import lock_lost
+
+    def exits(**kwargs: object) -> None:
+        raise SystemExit(3)
+
+    provider = MemoryProvider()
+    service = TaskLockService(provider)
+    lock_lost.connect(exits)
+    try:
+        service.run_exclusive(
+            "exit-on-lost",
+            lambda: (provider.force_release("exit-on-lost"), threading.Event().wait(0.4)),
+            ttl=0.3,
+            refresh_interval=0.1,
+        )
+    finally:
+        lock_lost.disconnect(exits)
+    kept = service.run_exclusive(
+        "after-exit", lambda: threading.Event().wait(0.6), ttl=0.3, refresh_interval=0.1
+    )
+    assert not kept.lost
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_never_releases_its_parents_lease() -> None:
+    from django.conf import settings
+
+    from tests.conftest import require_service
+
+    require_service("redis")
+    from django_tasklock.backends.redis import RedisProvider
+
+    provider = RedisProvider(url=settings.REDIS_URL)
+    service = TaskLockService(provider)
+    lease = service._acquire("forked", lambda: None, 30, None, None, None)
+    assert lease is not None
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child leaves the work as run_exclusive's finally would
+            service._release(lease)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        held = provider.peek("forked")
+        assert held is not None
+        assert held.holder.pid == os.getpid()
+    finally:
+        service._release(lease)
+    assert provider.peek("forked") is None

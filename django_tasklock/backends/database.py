@@ -14,6 +14,7 @@ key after a SELECT, which could delete a lease taken over in between.
 
 from __future__ import annotations
 
+import threading
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -22,12 +23,9 @@ from django.apps import apps
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, IntegrityError, connections, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db import Error, IntegrityError, connections, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Least, Now
-from django.db.utils import load_backend
-from django.utils.connection import ConnectionDoesNotExist
 
 from django_tasklock.backends.base import (
     KEY_PREFIX,
@@ -38,6 +36,12 @@ from django_tasklock.backends.base import (
     caller_key,
     storage_key,
 )
+from django_tasklock.backends.db_connections import (
+    alias_for_writing,
+    close_connections,
+    in_test_transaction,
+    is_key_conflict,
+)
 from django_tasklock.conf import conf
 
 if TYPE_CHECKING:
@@ -45,25 +49,26 @@ if TYPE_CHECKING:
 
     from django_tasklock.models import CacheEntry
 
-# An IntegrityError whose row is then not there is retried this many times
-# (the holder released in between); after that it is raised as the real error.
-_ACQUIRE_ATTEMPTS = 3
+# Attempts at the INSERT when the key keeps changing hands between our INSERT
+# and our look at the row (or an abandoned row is taken over).
+_ACQUIRE_ATTEMPTS = 5
 
 
 class DatabaseProvider(BaseProvider):
     """Leases in the ``cache_entries`` table of the database alias ``using``.
 
-    Inside the caller's ``transaction.atomic()`` the lock's statements go
-    through a second connection of the thread to the same database (known
-    as ``"<using>__tasklock"``, opened on first need), so that a lease is
-    committed, and visible to other workers, at once, whatever the caller's
-    transaction later does. It honours ``CONN_MAX_AGE`` like Django's own.
-    Under a Django ``TestCase`` the test's own transaction is used instead,
-    so that tests see their fixtures and roll everything back.
+    Inside the caller's transaction the lock's statements go through a second
+    connection to the same database, so that a lease is committed, and
+    visible to other workers, at once (see ``db_connections``). Under a
+    Django ``TestCase`` the test's own transaction is used instead, and the
+    heartbeat (whose thread cannot see that transaction) leaves such leases
+    alone: keep work under a ``TestCase`` shorter than its ``ttl``.
     """
 
     def __init__(self, using: str = "default") -> None:
         self.using = using
+        self._test_leases: set[tuple[str, str]] = set()
+        self._test_leases_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls) -> DatabaseProvider:
@@ -93,8 +98,8 @@ class DatabaseProvider(BaseProvider):
     # -- the contract ------------------------------------------------------
 
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
-        model, alias, stored = self._model(), self._alias(), storage_key(key)
-        for attempt in range(_ACQUIRE_ATTEMPTS):
+        model, alias, stored = self._model(), alias_for_writing(self.using), storage_key(key)
+        for _ in range(_ACQUIRE_ATTEMPTS):
             try:
                 with _savepoint_if_in_transaction(alias):
                     model.objects.using(alias).create(
@@ -103,33 +108,46 @@ class DatabaseProvider(BaseProvider):
                         expires_at=Now() + min(ttl, max_lifetime),
                         created_at=Now(),
                     )
-                return True
-            except IntegrityError:
+            except IntegrityError as exc:
                 if self._stale(alias, stored)._raw_delete(alias):
                     continue  # took over an expired or abandoned row: insert again
                 if model.objects.using(alias).filter(key=stored).exists():
                     return False
-                if attempt == _ACQUIRE_ATTEMPTS - 1:
+                if not is_key_conflict(exc):
                     raise  # not a key conflict after all: a real error
-        raise AssertionError("unreachable")  # pragma: no cover
+                # The holder released between our INSERT and our look: try again.
+            else:
+                if in_test_transaction(connections[alias]):
+                    with self._test_leases_lock:
+                        self._test_leases.add((stored, token))
+                return True
+        # The key changed hands at every attempt: it was held each time we asked.
+        return False
 
     def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
-        alias = self._alias()
+        stored = storage_key(key)
+        if (stored, token) in self._test_leases:
+            # Written in a TestCase's transaction, which the heartbeat's thread
+            # cannot see; the test rolls it back anyway.
+            return True
+        alias = alias_for_writing(self.using)
         try:
             updated = (
                 self._model()
                 .objects.using(alias)
-                .filter(key=storage_key(key), value=token, expires_at__gt=Now())
+                .filter(key=stored, value=token, expires_at__gt=Now())
                 .update(expires_at=Least(Now() + ttl, F("created_at") + max_lifetime))
             )
-        except DatabaseError:
+        except Error:
             # A killed or dropped connection: let the next attempt open a new one.
             connections[alias].close_if_unusable_or_obsolete()
             raise
         return updated == 1
 
     def release(self, key: str, token: str) -> bool:
-        alias = self._alias()
+        with self._test_leases_lock:
+            self._test_leases.discard((storage_key(key), token))
+        alias = alias_for_writing(self.using)
         ours = self._model().objects.using(alias).filter(key=storage_key(key), value=token)
         if ours.filter(expires_at__gt=Now())._raw_delete(alias):
             return True
@@ -138,7 +156,7 @@ class DatabaseProvider(BaseProvider):
         return False
 
     def force_release(self, key: str) -> bool:
-        alias = self._alias()
+        alias = alias_for_writing(self.using)
         return bool(
             self._model().objects.using(alias).filter(key=storage_key(key))._raw_delete(alias)
         )
@@ -151,37 +169,14 @@ class DatabaseProvider(BaseProvider):
         return [_held(row) for row in self._live().order_by("key")]
 
     def clear_stale(self, *, dry_run: bool = False) -> int:
-        alias = self._alias()
+        alias = alias_for_writing(self.using)
         stale = self._stale(alias, None)
         return stale.count() if dry_run else stale._raw_delete(alias)
 
     def close(self) -> None:
-        for alias in (self.using, self._side_alias):
-            connection = getattr(_this_thread(), alias, None)
-            if connection is not None:
-                connection.close()
+        close_connections(self.using)
 
     # -- helpers -----------------------------------------------------------
-
-    @property
-    def _side_alias(self) -> str:
-        return f"{self.using}__tasklock"
-
-    def _alias(self) -> str:
-        """The alias to run on: ours, unless that would join the caller's transaction."""
-        connection = connections[self.using]
-        if not connection.in_atomic_block or getattr(
-            connection.atomic_blocks[0], "_from_testcase", False
-        ):
-            return self.using
-        side = self._side_alias
-        try:
-            side_connection = connections[side]
-        except ConnectionDoesNotExist:
-            side_connection = _independent_connection(connection, side)
-        # Honour CONN_MAX_AGE and drop a broken connection, as Django does per request.
-        side_connection.close_if_unusable_or_obsolete()
-        return side
 
     def _model(self) -> type[CacheEntry]:
         if not apps.is_installed("django_tasklock"):
@@ -196,7 +191,7 @@ class DatabaseProvider(BaseProvider):
     def _live(self) -> QuerySet[CacheEntry]:
         return (
             self._model()
-            .objects.using(self._alias())
+            .objects.using(alias_for_writing(self.using))
             .filter(key__startswith=KEY_PREFIX, expires_at__gt=Now())
             .filter(created_at__gt=Now() - STALE_AFTER)
             .annotate(server_now=Now())
@@ -219,24 +214,6 @@ def _held(row: CacheEntry) -> HeldLock:
         expires_at=row.expires_at,
         seconds_left=max(0.0, (row.expires_at - server_now).total_seconds()),
     )
-
-
-def _independent_connection(connection: BaseDatabaseWrapper, alias: str) -> BaseDatabaseWrapper:
-    """A second connection of this thread to ``connection``'s database, known as ``alias``.
-
-    Deliberately not added to ``DATABASES``: test runners then neither create,
-    flush nor guard it, and ``manage.py`` commands never list it.
-    """
-    wrapper: BaseDatabaseWrapper = load_backend(
-        connection.settings_dict["ENGINE"]
-    ).DatabaseWrapper(connection.settings_dict, alias)
-    setattr(_this_thread(), alias, wrapper)
-    return wrapper
-
-
-def _this_thread() -> Any:
-    """The calling thread's connections, where ``connections[alias]`` looks first."""
-    return connections._connections  # type: ignore[attr-defined]
 
 
 def _savepoint_if_in_transaction(alias: str) -> AbstractContextManager[Any]:

@@ -111,6 +111,7 @@ return 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _STALE_MS = int(STALE_AFTER / timedelta(milliseconds=1))
 _BATCH = 500
+_TIMEOUT_S = 10
 
 
 def _ms(duration: timedelta) -> int:
@@ -206,7 +207,11 @@ class RedisProvider(BaseProvider):
 
     def _connect(self) -> redis.Redis:
         if self._url is not None:
-            return redis.Redis.from_url(self._url)
+            # A Redis that stops answering must not stall the heartbeat for
+            # ever; options in the URL's query string win over these.
+            return redis.Redis.from_url(
+                self._url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S
+            )
         try:
             from django_redis import get_redis_connection
         except ImportError as exc:

@@ -83,7 +83,10 @@ class FailureCases:
         ran: list[bool] = []
         with pytest.raises(Exception) as info:  # noqa: PT011 - each storage has its own
             TaskLockService(unreachable).run_exclusive("k", lambda: ran.append(True))
-        assert not isinstance(info.value, (TypeError, ValueError))
+        # The storage's own error, not a bug of ours dressed up as one.
+        assert not isinstance(
+            info.value, (AssertionError, AttributeError, NameError, TypeError, ValueError)
+        )
         assert ran == []
 
     def test_failed_release_is_logged_and_keeps_the_result(

@@ -99,6 +99,7 @@ class LeaseCases:
                 step=0.05,
             )
             taken_after.append(when - start)
+            wait_until(lambda: "max_lifetime" in caplog.text, timeout=2)
 
         with caplog.at_level(logging.WARNING, logger="django_tasklock"):
             result = service.run_exclusive(

@@ -16,7 +16,7 @@ logger = logging.getLogger(__name__)
 
 def startup_seconds(workers: int) -> float:
     """Time for every worker to set Django up and connect before the common start."""
-    return 2.0 + 0.25 * workers
+    return 3.0 + 0.5 * workers
 
 
 def run_race(console: Console, *, workers: int, ttl: float) -> bool:

@@ -1,0 +1,42 @@
+"""Locks under a Django TestCase transaction (pytest-django's plain ``db``).
+
+Users' own tests run this way: the lease lives in the test's transaction, is
+rolled back with it, and must not be reported lost because the heartbeat's
+thread cannot see it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from django.db import connections
+
+from django_tasklock.backends.database import DatabaseProvider
+from django_tasklock.service import TaskLockService
+from tests.conftest import DATABASE_ALIASES
+
+pytestmark = pytest.mark.django_db(databases=DATABASE_ALIASES)
+
+
+@pytest.mark.parametrize("alias", DATABASE_ALIASES)
+def test_work_longer_than_a_refresh_is_not_lost_in_a_test_transaction(
+    alias: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    provider = DatabaseProvider(using=alias)
+    service = TaskLockService(provider)
+
+    def work() -> bool:
+        assert connections[alias].in_atomic_block  # the test's transaction
+        assert not service.run_exclusive("in-test", lambda: None).acquired
+        time.sleep(0.5)  # a few heartbeats
+        return provider.peek("in-test") is not None
+
+    with caplog.at_level(logging.WARNING, logger="django_tasklock"):
+        result = service.run_exclusive("in-test", work, ttl=0.6, refresh_interval=0.1)
+    assert result.acquired
+    assert result.result is True
+    assert not result.lost
+    assert caplog.text == ""
+    assert provider.peek("in-test") is None
