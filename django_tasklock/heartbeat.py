@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_tasklock")
 
+# Closed leases tolerated in the heap before it is compacted.
+_COMPACT_AFTER = 64
+
 
 class Lease:
     """One lock held by this process: what the heartbeat keeps alive, what the caller reads."""
@@ -110,6 +113,7 @@ class Heartbeat:
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._touched: dict[int, BaseProvider] = {}
+        self._closed = 0  # closed leases still in the heap
 
     def add(self, lease: Lease) -> None:
         with self._cond:
@@ -120,13 +124,23 @@ class Heartbeat:
                     target=self._run, name="django-tasklock-heartbeat", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            elif self._heap[0][2] is lease:
+                self._cond.notify()  # due before whatever the thread sleeps until
 
     def remove(self, lease: Lease) -> None:
-        """Stop refreshing ``lease``; a refresh already under way is disregarded."""
+        """Stop refreshing ``lease``; a refresh already under way is disregarded.
+
+        The thread is not woken: closed leases are dropped when they come due,
+        or all at once when they are half the heap (many short locks with a
+        long ttl would otherwise pile up until their first refresh is due).
+        """
         with self._cond:
             lease.closed = True
-            self._cond.notify()
+            self._closed += 1
+            if self._closed > _COMPACT_AFTER and 2 * self._closed > len(self._heap):
+                self._heap = [entry for entry in self._heap if not entry[2].closed]
+                heapq.heapify(self._heap)
+                self._closed = 0
 
     def _after_fork(self) -> None:
         # The child has no heartbeat thread, and the parent's leases are the
@@ -135,6 +149,7 @@ class Heartbeat:
         self._heap = []
         self._thread = None
         self._touched = {}
+        self._closed = 0
 
     def _next_due(self) -> Lease | list[BaseProvider]:
         """The next lease when it is due; or, on going idle, the providers to close."""
@@ -142,6 +157,7 @@ class Heartbeat:
             while True:
                 while self._heap and self._heap[0][2].closed:
                     heapq.heappop(self._heap)
+                    self._closed = max(0, self._closed - 1)
                 if not self._heap:
                     if self._touched:
                         idle, self._touched = list(self._touched.values()), {}

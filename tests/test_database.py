@@ -53,13 +53,28 @@ def _statements_sent(alias: str, work: Any) -> list[str]:
     return [parts[3] if len(parts) > 3 else parts[2] for parts in sent]
 
 
+def _kinds(statements: list[str]) -> list[str]:
+    """The first word of each statement: INSERT, BEGIN, ..."""
+    return [re.sub(r"^\s*\"?(\w+).*", r"\1", text).upper() for text in statements]
+
+
+def test_refused_acquisition_is_one_insert_and_one_select_on_postgres() -> None:
+    require_service("postgres")
+    provider = DatabaseProvider(using="postgres")
+    assert provider.acquire("refused", new_token(), ttl=LONG, max_lifetime=LIFE)
+    sent = _statements_sent(
+        "postgres",
+        lambda: provider.acquire("refused", new_token(), ttl=LONG, max_lifetime=LIFE),
+    )
+    assert _kinds(sent) == ["INSERT", "SELECT"], sent
+
+
 def test_uncontended_run_is_one_insert_and_one_delete_on_postgres() -> None:
     require_service("postgres")
     service = TaskLockService(DatabaseProvider(using="postgres"))
     service.run_exclusive("warm-up", lambda: None)  # connect outside the measurement
     sent = _statements_sent("postgres", lambda: service.run_exclusive("rt", lambda: None))
-    kinds = [re.sub(r"^\s*\"?(\w+).*", r"\1", text).upper() for text in sent]
-    assert kinds == ["INSERT", "DELETE"], sent
+    assert _kinds(sent) == ["INSERT", "DELETE"], sent
     assert all("cache_entries" in text for text in sent)
 
 
@@ -153,7 +168,7 @@ def test_key_changing_hands_between_insert_and_look_is_held_not_an_error(alias: 
     # the row, again and again: a real duplicate-key error, and no row seen.
     provider = DatabaseProvider(using=alias)
     assert provider.acquire("churn", new_token(), ttl=LONG, max_lifetime=LIFE)
-    with mock.patch("django.db.models.QuerySet.exists", return_value=False):
+    with mock.patch("django.db.models.QuerySet.first", return_value=None):
         assert not provider.acquire("churn", new_token(), ttl=LONG, max_lifetime=LIFE)
 
 

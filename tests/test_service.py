@@ -215,3 +215,20 @@ def test_a_forked_child_never_releases_its_parents_lease() -> None:
     finally:
         service._release(lease)
     assert provider.peek("forked") is None
+
+
+def test_many_short_locks_do_not_pile_up_in_the_heartbeat() -> None:
+    service = TaskLockService(MemoryProvider())
+    done = threading.Event()
+    # A long job keeps the heartbeat asleep until its first refresh...
+    holder = threading.Thread(target=service.run_exclusive, args=("long", done.wait))
+    holder.start()
+    try:
+        threading.Event().wait(0.2)
+        # ...while short jobs come and go, each due for a refresh only later.
+        for n in range(2000):
+            service.run_exclusive(f"short-{n}", lambda: None, ttl=900)
+        assert len(heartbeat()._heap) <= 200
+    finally:
+        done.set()
+        holder.join()

@@ -109,13 +109,25 @@ class DatabaseProvider(BaseProvider):
                         created_at=Now(),
                     )
             except IntegrityError as exc:
-                if self._stale(alias, stored)._raw_delete(alias):
-                    continue  # took over an expired or abandoned row: insert again
-                if model.objects.using(alias).filter(key=stored).exists():
+                # "Held" only once the row is seen; one look also says whether
+                # it is free to take over, by the server's clock.
+                row = (
+                    model.objects.using(alias)
+                    .filter(key=stored)
+                    .annotate(server_now=Now())
+                    .values_list("value", "expires_at", "created_at", "server_now")
+                    .first()
+                )
+                if row is None:
+                    if not is_key_conflict(exc):
+                        raise  # not a key conflict after all: a real error
+                    continue  # the holder released between our INSERT and our look
+                holder, expires_at, created_at, now = row
+                if expires_at > now and created_at > now - STALE_AFTER:
                     return False
-                if not is_key_conflict(exc):
-                    raise  # not a key conflict after all: a real error
-                # The holder released between our INSERT and our look: try again.
+                # Expired or abandoned: delete that holder's row (a token is
+                # never reused, so a new holder's row is safe) and insert again.
+                model.objects.using(alias).filter(key=stored, value=holder)._raw_delete(alias)
             else:
                 if in_test_transaction(connections[alias]):
                     with self._test_leases_lock:
