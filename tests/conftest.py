@@ -11,6 +11,7 @@ from django.db import connections
 from django.db.models.functions import Now
 from django.db.utils import load_backend
 
+from django_tasklock.backends import reset_provider
 from django_tasklock.backends.base import caller_key, storage_key
 from django_tasklock.backends.database import DatabaseProvider
 from django_tasklock.testing import ContractBackend, ProviderRecipe
@@ -154,6 +155,14 @@ def any_backend(request: pytest.FixtureRequest, key: str) -> Iterator[ContractBa
         yield from redis_backend(key)
     else:
         yield memory_backend()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_provider() -> Iterator[None]:
+    """No provider chosen in a test outlives it (deleting a setting sends no signal)."""
+    reset_provider()
+    yield
+    reset_provider()
 
 
 @pytest.fixture

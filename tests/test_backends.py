@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -14,13 +13,6 @@ from django_tasklock import TaskLockService, run_exclusive
 from django_tasklock.backends import get_provider, reset_provider
 from django_tasklock.backends.database import DatabaseProvider
 from django_tasklock.backends.memory import MemoryProvider
-
-
-@pytest.fixture(autouse=True)
-def _fresh_provider() -> Iterator[None]:
-    reset_provider()
-    yield
-    reset_provider()
 
 
 def test_database_is_the_default_and_postgres_an_alias() -> None:

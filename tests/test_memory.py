@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from django.test import override_settings
 
 import django_tasklock
-from django_tasklock.backends import get_provider, reset_provider
+from django_tasklock.backends import get_provider
 from django_tasklock.backends.base import STALE_AFTER, Capabilities
 from django_tasklock.backends.memory import MemoryProvider
 from django_tasklock.service import TaskLockService, new_token
@@ -26,13 +25,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(autouse=True)
-def _no_cached_provider() -> Iterator[None]:
-    reset_provider()
-    yield
-    reset_provider()
 
 
 @pytest.fixture

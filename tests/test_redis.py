@@ -25,6 +25,7 @@ from django_tasklock.backends import get_provider, reset_provider
 from django_tasklock.backends.base import KEY_PREFIX, storage_key
 from django_tasklock.backends.redis import RedisProvider
 from django_tasklock.service import TaskLockService, new_token
+from django_tasklock.testing.support import wait_until
 from tests.conftest import require_service
 
 LONG, LIFE = timedelta(seconds=30), timedelta(hours=1)
@@ -40,21 +41,6 @@ def _url() -> str:
 def _server_ms(client: redis.Redis) -> int:
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
-
-
-def _wait_until(predicate: Callable[[], bool], timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < end, f"condition not met within {timeout} s"
-        time.sleep(0.02)
-
-
-@pytest.fixture(autouse=True)
-def _no_cached_provider() -> Iterator[None]:
-    """No provider chosen here outlives the test (some settings changes send no signal)."""
-    reset_provider()
-    yield
-    reset_provider()
 
 
 @pytest.fixture
@@ -133,7 +119,7 @@ def test_release_or_refresh_with_a_stale_or_other_token_changes_nothing(
     stored = storage_key(key)
     stale = new_token()
     assert provider.acquire(key, stale, ttl=timedelta(seconds=0.2), max_lifetime=LIFE)
-    _wait_until(lambda: raw.exists(stored) == 0, timeout=3)
+    wait_until(lambda: raw.exists(stored) == 0, timeout=3)
     current = new_token()
     assert provider.acquire(key, current, ttl=LONG, max_lifetime=LIFE)
     value = raw.get(stored)
@@ -338,7 +324,7 @@ def test_undatable_value_with_a_ttl_is_held_until_it_expires(
     assert _dump(raw, stored) == original
     assert 0 < raw.pttl(stored) <= 1500
 
-    _wait_until(lambda: raw.exists(stored) == 0, timeout=5)
+    wait_until(lambda: raw.exists(stored) == 0, timeout=5)
     assert provider.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
 
 
