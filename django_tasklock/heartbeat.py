@@ -130,17 +130,22 @@ class Heartbeat:
     def remove(self, lease: Lease) -> None:
         """Stop refreshing ``lease``; a refresh already under way is disregarded.
 
-        The thread is not woken: closed leases are dropped when they come due,
-        or all at once when they are half the heap (many short locks with a
-        long ttl would otherwise pile up until their first refresh is due).
+        The thread is woken only when nothing is left to keep alive. Closed
+        leases are dropped when they come due, or all at once when they are
+        half the heap (many short locks with a long ttl would otherwise pile
+        up until their first refresh is due).
         """
         with self._cond:
             lease.closed = True
             self._closed += 1
-            if self._closed > _COMPACT_AFTER and 2 * self._closed > len(self._heap):
+            if self._closed >= len(self._heap) or (
+                self._closed > _COMPACT_AFTER and 2 * self._closed > len(self._heap)
+            ):
                 self._heap = [entry for entry in self._heap if not entry[2].closed]
                 heapq.heapify(self._heap)
                 self._closed = 0
+                if not self._heap:
+                    self._cond.notify()  # going idle: let the thread close its connections
 
     def _after_fork(self) -> None:
         # The child has no heartbeat thread, and the parent's leases are the
@@ -185,6 +190,8 @@ class Heartbeat:
                 again = self._beat(due)
             except BaseException:  # even SystemExit from a receiver: the thread must go on
                 logger.exception("The django-tasklock heartbeat failed on %r.", due.key)
+                interval = due.options.refresh_interval.total_seconds()
+                due.next_due = max(due.next_due, time.monotonic() + interval)
                 again = True
             if again:
                 with self._cond:
