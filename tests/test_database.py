@@ -144,8 +144,10 @@ def test_without_autocommit_the_lease_is_committed_at_once_too(server_alias: str
 
 def test_sqlite_refuses_a_lock_inside_a_transaction_and_writes_nothing() -> None:
     provider = DatabaseProvider(using="default")
-    with transaction.atomic(using="default"), pytest.raises(TaskLockError, match="SQLite"):
-        provider.acquire("sqlite-tx", new_token(), ttl=LONG, max_lifetime=LIFE)
+    with transaction.atomic(using="default"):
+        with pytest.raises(TaskLockError, match="SQLite"):
+            provider.acquire("sqlite-tx", new_token(), ttl=LONG, max_lifetime=LIFE)
+        assert provider.peek("sqlite-tx") is None  # reading is fine
     assert provider.peek("sqlite-tx") is None
 
 

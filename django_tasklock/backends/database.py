@@ -6,10 +6,13 @@ on the key means "held" (once the row is seen to exist). Every time is the
 database server's ``Now()``, so workers' clocks never decide who holds a key.
 
 Statements run in autocommit, one round trip each: acquiring a free key is one
-INSERT, releasing is one DELETE, a refresh is one UPDATE; the stale sweep runs
-only when an INSERT conflicts. ``QuerySet.delete()`` is avoided on purpose: it
-wraps itself in a transaction, and with signal receivers it deletes by primary
-key after a SELECT, which could delete a lease taken over in between.
+INSERT, releasing is one DELETE, a refresh is one UPDATE. Only an INSERT that
+conflicts is followed by a SELECT of the row, which tells "held" from "free to
+take over" (expired, or older than 24 h) by the server's clock.
+
+``QuerySet.delete()`` is avoided on purpose: it wraps itself in a transaction,
+and with signal receivers it deletes by primary key after a SELECT, which
+could delete a lease taken over in between.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from django_tasklock.backends.db_connections import (
     is_key_conflict,
 )
 from django_tasklock.conf import conf
+from django_tasklock.exceptions import TaskLockError
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
@@ -182,7 +186,7 @@ class DatabaseProvider(BaseProvider):
 
     def clear_stale(self, *, dry_run: bool = False) -> int:
         alias = alias_for_writing(self.using)
-        stale = self._stale(alias, None)
+        stale = self._stale(alias)
         return stale.count() if dry_run else stale._raw_delete(alias)
 
     def close(self) -> None:
@@ -203,17 +207,22 @@ class DatabaseProvider(BaseProvider):
     def _live(self) -> QuerySet[CacheEntry]:
         return (
             self._model()
-            .objects.using(alias_for_writing(self.using))
+            .objects.using(self._read_alias())
             .filter(key__startswith=KEY_PREFIX, expires_at__gt=Now())
             .filter(created_at__gt=Now() - STALE_AFTER)
             .annotate(server_now=Now())
         )
 
-    def _stale(self, alias: str, stored: str | None) -> QuerySet[CacheEntry]:
+    def _read_alias(self) -> str:
+        """Where to read: as for writing, but SQLite reads in the caller's transaction."""
+        try:
+            return alias_for_writing(self.using)
+        except TaskLockError:
+            return self.using
+
+    def _stale(self, alias: str) -> QuerySet[CacheEntry]:
         """Rows free to take over: expired, or acquired more than 24 h ago."""
         rows = self._model().objects.using(alias).filter(key__startswith=KEY_PREFIX)
-        if stored is not None:
-            rows = rows.filter(key=stored)
         return rows.filter(Q(expires_at__lte=Now()) | Q(created_at__lte=Now() - STALE_AFTER))
 
 
