@@ -108,9 +108,12 @@ class Heartbeat:
     """The process's refresher of leases."""
 
     def __init__(self) -> None:
+        self._seq = itertools.count()
+        self._start_empty()
+
+    def _start_empty(self) -> None:
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Lease]] = []
-        self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._touched: dict[int, BaseProvider] = {}
         self._closed = 0  # closed leases still in the heap
@@ -150,11 +153,7 @@ class Heartbeat:
     def _after_fork(self) -> None:
         # The child has no heartbeat thread, and the parent's leases are the
         # parent's to keep alive; the condition may have been held mid-fork.
-        self._cond = threading.Condition()
-        self._heap = []
-        self._thread = None
-        self._touched = {}
-        self._closed = 0
+        self._start_empty()
 
     def _next_due(self) -> Lease | list[BaseProvider]:
         """The next lease when it is due; or, on going idle, the providers to close."""

@@ -71,9 +71,8 @@ def alias_for_writing(using: str) -> str:
             "another database, or TASKLOCK_BACKEND = 'redis')."
         )
     side = using + SIDE_SUFFIX
-    try:
-        side_connection = connections[side]
-    except ConnectionDoesNotExist:
+    side_connection = _thread_connection(side)
+    if side_connection is None:
         side_connection = load_backend(connection.settings_dict["ENGINE"]).DatabaseWrapper(
             connection.settings_dict, side
         )
@@ -85,27 +84,28 @@ def alias_for_writing(using: str) -> str:
     return side
 
 
-def close_connections(using: str, *, only_obsolete: bool = False) -> None:
+def close_connections(using: str) -> None:
     """Close this thread's connections to ``using`` made by the lock (and ``using``'s own)."""
     for alias in (using, using + SIDE_SUFFIX):
-        try:
-            connection = connections[alias]
-        except ConnectionDoesNotExist:
-            continue
-        if only_obsolete:
-            connection.close_if_unusable_or_obsolete()
-        else:
+        connection = _thread_connection(alias)
+        if connection is not None:
             connection.close()
 
 
 def close_side_connections(**kwargs: Any) -> None:
     """``request_started``/``request_finished`` receiver: what Django does for its own."""
     for alias in list(settings.DATABASES):
-        try:
-            side = connections[alias + SIDE_SUFFIX]
-        except ConnectionDoesNotExist:
-            continue
-        side.close_if_unusable_or_obsolete()
+        side = _thread_connection(alias + SIDE_SUFFIX)
+        if side is not None:
+            side.close_if_unusable_or_obsolete()
+
+
+def _thread_connection(alias: str) -> BaseDatabaseWrapper | None:
+    """This thread's connection object for ``alias``; None for a side alias not yet made here."""
+    try:
+        return connections[alias]
+    except ConnectionDoesNotExist:
+        return None
 
 
 def is_key_conflict(exc: Exception) -> bool:
