@@ -27,6 +27,14 @@ class FakeClock:
         return self.now
 
 
+def assert_lease_ends_at(provider: MemoryProvider, clock: FakeClock, when: float) -> None:
+    """Key "k" is held until just before ``when`` and free from ``when`` on (moves the clock)."""
+    clock.now = when - EPSILON
+    assert provider.peek("k") is not None
+    clock.now = when
+    assert provider.peek("k") is None
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -60,10 +68,7 @@ def test_refresh_extends_from_now(provider: MemoryProvider, clock: FakeClock) ->
     assert provider.acquire("k", token, ttl=ttl, max_lifetime=LIFE)
     clock.now = start + 6
     assert provider.refresh("k", token, ttl=ttl, max_lifetime=LIFE)
-    clock.now = start + 16 - EPSILON
-    assert provider.peek("k") is not None
-    clock.now = start + 16
-    assert provider.peek("k") is None
+    assert_lease_ends_at(provider, clock, start + 16)
 
 
 def test_refresh_is_capped_at_acquisition_plus_max_lifetime(
@@ -81,10 +86,7 @@ def test_refresh_is_capped_at_acquisition_plus_max_lifetime(
     assert held.seconds_left == pytest.approx(8)
     clock.now = start + 24
     assert provider.refresh("k", token, ttl=ttl, max_lifetime=life)  # still True, not extended
-    clock.now = start + 25 - EPSILON
-    assert provider.peek("k") is not None
-    clock.now = start + 25
-    assert provider.peek("k") is None
+    assert_lease_ends_at(provider, clock, start + 25)
     assert not provider.refresh("k", token, ttl=ttl, max_lifetime=life)
     assert provider.acquire("k", new_token(), ttl=ttl, max_lifetime=life)
 
@@ -93,10 +95,7 @@ def test_first_lease_is_capped_at_max_lifetime(provider: MemoryProvider, clock: 
     start = clock.now
     ttl, life = timedelta(seconds=30), timedelta(seconds=4)
     assert provider.acquire("k", new_token(), ttl=ttl, max_lifetime=life)
-    clock.now = start + 4 - EPSILON
-    assert provider.peek("k") is not None
-    clock.now = start + 4
-    assert provider.peek("k") is None
+    assert_lease_ends_at(provider, clock, start + 4)
 
 
 def test_lease_older_than_24_hours_is_taken_over_whatever_its_expiry(
