@@ -86,22 +86,21 @@ class Lease:
             when,
             self.holder,
         )
-        send_signal(lock_lost, self)
+        self.announce(lock_lost)
 
+    def announce(self, signal: Signal) -> None:
+        """Send ``signal`` about this lease; a failing receiver is logged, never raised.
 
-def send_signal(signal: Signal, lease: Lease) -> None:
-    """Send ``signal`` about ``lease``; a failing receiver is logged, never raised.
-
-    The lock must not depend on receivers: an exception here would skip a
-    release, or end the heartbeat thread and with it every lease's refresh.
-    """
-    for receiver, outcome in signal.send_robust(
-        sender=type(lease.provider), key=lease.key, holder=lease.holder
-    ):
-        if isinstance(outcome, Exception):
-            logger.error(
-                "A receiver of a django-tasklock signal failed: %r", receiver, exc_info=outcome
-            )
+        The lock must not depend on receivers: an exception here would skip a
+        release, or end the heartbeat thread and with it every lease's refresh.
+        """
+        for receiver, outcome in signal.send_robust(
+            sender=type(self.provider), key=self.key, holder=self.holder
+        ):
+            if isinstance(outcome, Exception):
+                logger.error(
+                    "A receiver of a django-tasklock signal failed: %r", receiver, exc_info=outcome
+                )
 
 
 class Heartbeat:

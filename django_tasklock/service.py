@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 from django_tasklock import checks as _checks  # noqa: F401 - checks also without the app
 from django_tasklock.backends import get_provider
 from django_tasklock.backends.base import BaseProvider, HeldLock, Holder
-from django_tasklock.heartbeat import Lease, heartbeat, send_signal
+from django_tasklock.heartbeat import Lease, heartbeat
 from django_tasklock.options import (
     Duration,
     LockOptions,
@@ -134,7 +134,7 @@ class TaskLockService:
     def _hold(self, lease: Lease) -> None:
         """Start keeping ``lease`` alive (call inside the ``try`` that releases it)."""
         heartbeat().add(lease)
-        send_signal(lock_acquired, lease)
+        lease.announce(lock_acquired)
 
     def _release(self, lease: Lease) -> None:
         if lease.pid != os.getpid():
@@ -152,7 +152,7 @@ class TaskLockService:
                 lease.report_lost("release, after the lease could have run out")
             return
         if released:
-            send_signal(lock_released, lease)
+            lease.announce(lock_released)
         else:
             lease.report_lost("release")
 
