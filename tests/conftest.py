@@ -9,11 +9,11 @@ import pytest
 from django.conf import settings
 from django.db import connections
 from django.db.models.functions import Now
-from django.db.utils import load_backend
 
 from django_tasklock.backends import reset_provider
 from django_tasklock.backends.base import caller_key, storage_key
 from django_tasklock.backends.database import DatabaseProvider
+from django_tasklock.backends.db_connections import add_thread_connection
 from django_tasklock.testing import ContractBackend, ProviderRecipe
 from tests import services
 
@@ -53,11 +53,8 @@ def database_backend(alias: str) -> ContractBackend:
             broken["NAME"] = "/nonexistent-directory/tasklock.sqlite3"
         else:
             broken["PORT"] = "1"
-        # A connection of this thread only, not in DATABASES: Django's test
-        # guards allow such dynamically created connections.
-        name = f"{alias}_unreachable"
-        connections[name] = load_backend(broken["ENGINE"]).DatabaseWrapper(broken, name)
-        return DatabaseProvider(using=name)
+        add_thread_connection(f"{alias}_unreachable", broken)
+        return DatabaseProvider(using=f"{alias}_unreachable")
 
     settings_dict = dict(connections[alias].settings_dict)
     recipe = ProviderRecipe(

@@ -73,15 +73,23 @@ def alias_for_writing(using: str) -> str:
     side = using + SIDE_SUFFIX
     side_connection = _thread_connection(side)
     if side_connection is None:
-        side_connection = load_backend(connection.settings_dict["ENGINE"]).DatabaseWrapper(
-            connection.settings_dict, side
-        )
-        # Set for this thread only and deliberately not added to DATABASES:
-        # test runners then neither create, flush nor guard it.
-        connections[side] = side_connection
+        side_connection = add_thread_connection(side, connection.settings_dict)
     # Honour CONN_MAX_AGE and drop a broken connection, as Django does per request.
     side_connection.close_if_unusable_or_obsolete()
     return side
+
+
+def add_thread_connection(alias: str, settings_dict: dict[str, Any]) -> BaseDatabaseWrapper:
+    """A connection known as ``alias`` to this thread only, made from ``settings_dict``.
+
+    Deliberately not added to ``DATABASES``: Django's test runners then
+    neither create, flush nor guard it ("dynamically created connections").
+    """
+    wrapper: BaseDatabaseWrapper = load_backend(settings_dict["ENGINE"]).DatabaseWrapper(
+        settings_dict, alias
+    )
+    connections[alias] = wrapper
+    return wrapper
 
 
 def close_connections(using: str) -> None:
