@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:
-    from django_tasklock.backends.base import BaseProvider, HeldLock
+    from django_tasklock.backends.base import BaseBackend, HeldLock
 
 DESCRIPTION = "Benchmark django-tasklock against raw baselines of the same run."
 ALL_BACKENDS = ("sqlite", "postgres", "redis")
@@ -174,23 +174,23 @@ def measure(
     return scenario
 
 
-# -- a provider that records when the heartbeat refreshes ------------------------
+# -- a backend that records when the heartbeat refreshes ------------------------
 
 
 Event = tuple[str, str, float, float, bool]  # what, key, started, ended (monotonic), ok
 
 
-def recording(inner: BaseProvider) -> tuple[BaseProvider, list[Event]]:
+def recording(inner: BaseBackend) -> tuple[BaseBackend, list[Event]]:
     """``inner`` wrapped so that every acquire, refresh and release is recorded.
 
-    (A class made here because BaseProvider can only be imported once Django
+    (A class made here because BaseBackend can only be imported once Django
     is set up.)
     """
-    from django_tasklock.backends.base import BaseProvider
+    from django_tasklock.backends.base import BaseBackend
 
     events: list[Event] = []
 
-    class Recording(BaseProvider):
+    class Recording(BaseBackend):
         capabilities = inner.capabilities
 
         def acquire(
@@ -283,8 +283,8 @@ def heartbeat_once(target: Target, leases: int, interval: float, window: float) 
     """
     from django_tasklock import TaskLockService
 
-    provider, events = recording(target.provider)
-    service = TaskLockService(provider)
+    backend, events = recording(target.backend)
+    service = TaskLockService(backend)
     ready = threading.Semaphore(0)
     stops = [threading.Event() for _ in range(leases)]
     results: list[Any] = []
@@ -394,7 +394,7 @@ def heartbeat_summary(
         "thread_busy": round(med([r.busy for r in runs]), 3),
         # Leases one heartbeat thread could keep at this interval, from its
         # measured time per refresh (in the thread) and from the sequential
-        # provider.refresh rate (scenario "refresh").
+        # backend.refresh rate (scenario "refresh").
         "capacity_leases": round(first.interval / duration) if duration else None,
         "capacity_leases_sequential": round(first.interval * refresh_ops),
         "failed_refreshes": sum(r.failed_refreshes for r in runs),
@@ -411,10 +411,10 @@ def heartbeat_summary(
 
 
 class Target:
-    """One backend: its provider, and the same operations without the library."""
+    """One storage: our backend on it, and the same operations without the library."""
 
     name: str
-    provider: BaseProvider
+    backend: BaseBackend
 
     def raw_acquire(self, key: str, token: str) -> bool:
         raise NotImplementedError
@@ -448,10 +448,10 @@ class DatabaseTarget(Target):
     def __init__(self, name: str, alias: str) -> None:
         from django.db import connections
 
-        from django_tasklock.backends.database import DatabaseProvider
+        from django_tasklock.backends.database import DatabaseBackend
 
         self.name, self.alias = name, alias
-        self.provider = DatabaseProvider(using=alias)
+        self.backend = DatabaseBackend(using=alias)
         self.connection = connections[alias]
         self.connection.ensure_connection()
         assert self.connection.get_autocommit()
@@ -555,12 +555,12 @@ class RedisTarget(Target):
     def __init__(self, cache_alias: str) -> None:
         from django_redis import get_redis_connection
 
-        from django_tasklock.backends.redis import RedisProvider
+        from django_tasklock.backends.redis import RedisBackend
 
         self.name = "redis"
         self.client = get_redis_connection(cache_alias, write=True)
         self.client.ping()
-        self.provider = RedisProvider(client=self.client)
+        self.backend = RedisBackend(client=self.client)
         self.ttl_ms = int(TTL.total_seconds() * 1000)
         self.release_script = self.client.register_script(_RAW_RELEASE_LUA)
         self.refresh_script = self.client.register_script(_RAW_REFRESH_LUA)
@@ -596,8 +596,8 @@ def check(ok: bool, what: str) -> None:
 def bench_target(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     from django_tasklock import TaskLockService
 
-    service = TaskLockService(target.provider)
-    provider = target.provider
+    service = TaskLockService(target.backend)
+    backend = target.backend
     name, seconds, repeat = target.name, args.seconds, args.repeat
     same = f"{RUN_PREFIX}same"
 
@@ -607,11 +607,11 @@ def bench_target(target: Target, args: argparse.Namespace) -> dict[str, Any]:
 
         return op
 
-    def provider_op(key_of: Callable[[int], str]) -> Op:
+    def backend_op(key_of: Callable[[int], str]) -> Op:
         def op(i: int) -> None:
             key, tok = key_of(i), token()
-            check(provider.acquire(key, tok, ttl=TTL, max_lifetime=MAX_LIFETIME), "acquire")
-            check(provider.release(key, tok), "release")
+            check(backend.acquire(key, tok, ttl=TTL, max_lifetime=MAX_LIFETIME), "acquire")
+            check(backend.release(key, tok), "release")
 
         return op
 
@@ -635,7 +635,7 @@ def bench_target(target: Target, args: argparse.Namespace) -> dict[str, Any]:
             "uncontended, same key",
             {
                 "run_exclusive": service_op(same_key("-s")),
-                "provider": provider_op(same_key("-p")),
+                "backend": backend_op(same_key("-p")),
                 "raw": raw_op(same_key("-r")),
             },
             seconds,
@@ -656,14 +656,14 @@ def bench_target(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     # Held by "another worker" for the whole scenario, however long it is told to run.
     held, holder = f"{RUN_PREFIX}held", "elsewhere:1:" + secrets.token_urlsafe(18)
     held_ttl = TTL + timedelta(seconds=4 * seconds * (repeat + 1))
-    check(provider.acquire(held, holder, ttl=held_ttl, max_lifetime=MAX_LIFETIME), "hold")
+    check(backend.acquire(held, holder, ttl=held_ttl, max_lifetime=MAX_LIFETIME), "hold")
     try:
 
         def service_refused(i: int) -> None:
             check(not service.run_exclusive(held, noop, ttl=TTL).acquired, "was acquired")
 
-        def provider_refused(i: int) -> None:
-            refused = not provider.acquire(held, token(), ttl=TTL, max_lifetime=MAX_LIFETIME)
+        def backend_refused(i: int) -> None:
+            refused = not backend.acquire(held, token(), ttl=TTL, max_lifetime=MAX_LIFETIME)
             check(refused, "was acquired")
 
         def raw_refused(i: int) -> None:
@@ -675,7 +675,7 @@ def bench_target(target: Target, args: argparse.Namespace) -> dict[str, Any]:
                 "contended (key held)",
                 {
                     "run_exclusive": service_refused,
-                    "provider": provider_refused,
+                    "backend": backend_refused,
                     "raw": raw_refused,
                 },
                 seconds,
@@ -684,11 +684,11 @@ def bench_target(target: Target, args: argparse.Namespace) -> dict[str, Any]:
         )
 
         mine, raw_mine = f"{RUN_PREFIX}refresh-p", f"{RUN_PREFIX}refresh-r"
-        check(provider.acquire(mine, holder, ttl=TTL, max_lifetime=MAX_LIFETIME), "hold")
+        check(backend.acquire(mine, holder, ttl=TTL, max_lifetime=MAX_LIFETIME), "hold")
         check(target.raw_acquire(raw_mine, holder), "raw hold")
 
-        def provider_refresh(i: int) -> None:
-            check(provider.refresh(mine, holder, ttl=TTL, max_lifetime=MAX_LIFETIME), "lost")
+        def backend_refresh(i: int) -> None:
+            check(backend.refresh(mine, holder, ttl=TTL, max_lifetime=MAX_LIFETIME), "lost")
 
         def raw_refresh(i: int) -> None:
             check(target.raw_refresh(raw_mine, holder), "raw lost")
@@ -697,15 +697,15 @@ def bench_target(target: Target, args: argparse.Namespace) -> dict[str, Any]:
             measure(
                 name,
                 "refresh (one lease, sequential)",
-                {"provider": provider_refresh, "raw": raw_refresh},
+                {"backend": backend_refresh, "raw": raw_refresh},
                 seconds,
                 repeat,
             )
         )
-        check(provider.release(mine, holder), "release refresh lease")
+        check(backend.release(mine, holder), "release refresh lease")
         check(target.raw_release(raw_mine, holder), "raw release refresh lease")
     finally:
-        provider.release(held, holder)
+        backend.release(held, holder)
 
     runs = []
     for _ in range(args.heartbeat_repeat):
@@ -714,7 +714,7 @@ def bench_target(target: Target, args: argparse.Namespace) -> dict[str, Any]:
                 target, args.heartbeat_leases, args.heartbeat_interval, args.heartbeat_window
             )
         )
-    refresh_ops = scenarios[-1].median("provider")
+    refresh_ops = scenarios[-1].median("backend")
     heartbeat = heartbeat_summary(name, runs, refresh_ops)
     log(
         f"  heartbeat: {heartbeat['refreshes_per_s']}/s of {heartbeat['ideal_refreshes_per_s']}"

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from django_tasklock.backends.base import BaseProvider, HeldLock, Holder
+from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.exceptions import LockNotAcquired, TaskLockError
 from django_tasklock.service import LockResult, TaskLockService, run_exclusive
 from django_tasklock.signals import lock_acquired, lock_lost, lock_released
 
 __all__ = [
-    "BaseProvider",
+    "BaseBackend",
     "HeldLock",
     "Holder",
     "LockNotAcquired",

@@ -5,7 +5,7 @@ from typing import Any
 from django.apps import AppConfig
 from django.core.signals import request_finished, request_started, setting_changed
 
-# What the chosen provider is built from (TASKLOCK_DEFAULTS is read per call).
+# What the chosen backend is built from (TASKLOCK_DEFAULTS is read per call).
 _PROVIDER_SETTINGS = {
     "TASKLOCK_BACKEND",
     "TASKLOCK_DATABASE",
@@ -17,11 +17,11 @@ _PROVIDER_SETTINGS = {
 }
 
 
-def _forget_provider(*, setting: str, **kwargs: Any) -> None:
+def _forget_backend(*, setting: str, **kwargs: Any) -> None:
     if setting in _PROVIDER_SETTINGS:
-        from django_tasklock.backends import reset_provider
+        from django_tasklock.backends import reset_backend
 
-        reset_provider()
+        reset_backend()
 
 
 class TaskLockConfig(AppConfig):
@@ -33,7 +33,7 @@ class TaskLockConfig(AppConfig):
         from django_tasklock import checks  # noqa: F401 - registers the system checks
         from django_tasklock.backends.db_connections import close_side_connections
 
-        setting_changed.connect(_forget_provider, dispatch_uid="django_tasklock.reset")
+        setting_changed.connect(_forget_backend, dispatch_uid="django_tasklock.reset")
         # Side connections of the database backend live and die like Django's own.
         for signal in (request_started, request_finished):
             signal.connect(close_side_connections, dispatch_uid="django_tasklock.close")

@@ -12,12 +12,12 @@ from django_tasklock.conf import conf
 
 @checks.register()
 def check_tasklock_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from django_tasklock.backends import BUILTIN_BACKENDS, provider_class
+    from django_tasklock.backends import BUILTIN_BACKENDS, backend_class
     from django_tasklock.options import LockOptions
 
     errors: list[checks.CheckMessage] = []
     try:
-        cls = provider_class(conf.BACKEND)
+        cls = backend_class(conf.BACKEND)
     except ImproperlyConfigured as exc:
         errors.append(
             checks.Error(
@@ -25,7 +25,7 @@ def check_tasklock_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
                 hint=(
                     f"Set TASKLOCK_BACKEND (or the TASKLOCK_BACKEND environment variable) to "
                     f"one of {', '.join(map(repr, BUILTIN_BACKENDS))} or to the dotted path "
-                    "of a BaseProvider subclass."
+                    "of a BaseBackend subclass."
                 ),
                 id="django_tasklock.E001",
             )

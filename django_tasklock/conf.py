@@ -1,6 +1,6 @@
 """Settings, read at call time so that ``override_settings`` works in tests.
 
-Anything cached from these (the chosen provider) is dropped on Django's
+Anything cached from these (the chosen backend) is dropped on Django's
 ``setting_changed`` signal; see ``apps.py``.
 """
 

@@ -1,14 +1,14 @@
 """Keeping held leases alive: one daemon thread for the whole process.
 
 Every lease the process holds is scheduled on one heap; the thread sleeps until
-the earliest is due, refreshes it through its provider, and schedules it again
+the earliest is due, refreshes it through its backend, and schedules it again
 ``refresh_interval`` later. The thread is a daemon (it never keeps the process
 alive at exit), starts on the first lease, is recreated in a forked child, and
 lets go of its connections whenever it has nothing to keep alive.
 
 A lease stops being refreshed when it is released, found lost, or reaches
 ``max_lifetime`` (then a warning is logged and the lease allowed to expire; the
-provider caps it on the storage side as well).
+backend caps it on the storage side as well).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from django_tasklock.signals import lock_lost
 if TYPE_CHECKING:
     from django.dispatch import Signal
 
-    from django_tasklock.backends.base import BaseProvider, Holder
+    from django_tasklock.backends.base import BaseBackend, Holder
     from django_tasklock.options import LockOptions
 
 logger = logging.getLogger("django_tasklock")
@@ -40,7 +40,7 @@ class Lease:
 
     def __init__(
         self,
-        provider: BaseProvider,
+        backend: BaseBackend,
         key: str,
         token: str,
         holder: Holder,
@@ -54,7 +54,7 @@ class Lease:
         derived from it (the deadline, when the lease is surely valid until)
         errs on the early side.
         """
-        self.provider = provider
+        self.backend = backend
         self.key = key
         self.token = token
         self.holder = holder
@@ -95,7 +95,7 @@ class Lease:
         release, or end the heartbeat thread and with it every lease's refresh.
         """
         for receiver, outcome in signal.send_robust(
-            sender=type(self.provider), key=self.key, holder=self.holder
+            sender=type(self.backend), key=self.key, holder=self.holder
         ):
             if isinstance(outcome, Exception):
                 logger.error(
@@ -114,13 +114,13 @@ class Heartbeat:
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Lease]] = []
         self._thread: threading.Thread | None = None
-        self._touched: dict[int, BaseProvider] = {}
+        self._touched: dict[int, BaseBackend] = {}
         self._closed = 0  # closed leases still in the heap
 
     def add(self, lease: Lease) -> None:
         with self._cond:
             heapq.heappush(self._heap, (lease.next_due, next(self._seq), lease))
-            self._touched[id(lease.provider)] = lease.provider
+            self._touched[id(lease.backend)] = lease.backend
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="django-tasklock-heartbeat", daemon=True
@@ -154,8 +154,8 @@ class Heartbeat:
         # parent's to keep alive; the condition may have been held mid-fork.
         self._start_empty()
 
-    def _next_due(self) -> Lease | list[BaseProvider]:
-        """The next lease when it is due; or, on going idle, the providers to close."""
+    def _next_due(self) -> Lease | list[BaseBackend]:
+        """The next lease when it is due; or, on going idle, the backends to close."""
         with self._cond:
             while True:
                 while self._heap and self._heap[0][2].closed:
@@ -178,9 +178,9 @@ class Heartbeat:
             if isinstance(due, list):
                 # Nothing to keep alive: connections this thread opened would
                 # only sit open (and keep test databases from being dropped).
-                for provider in due:
+                for backend in due:
                     try:
-                        provider.close()
+                        backend.close()
                     except Exception:  # pragma: no cover - closing is best effort
                         logger.debug("Closing idle connections failed.", exc_info=True)
                 continue
@@ -210,7 +210,7 @@ class Heartbeat:
         interval = lease.options.refresh_interval.total_seconds()
         lease.next_due = min(now + interval, lease.deadline)
         try:
-            still_ours = lease.provider.refresh(
+            still_ours = lease.backend.refresh(
                 lease.key,
                 lease.token,
                 ttl=lease.options.ttl,

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from django_tasklock import checks as _checks  # noqa: F401 - checks also without the app
-from django_tasklock.backends import get_provider
-from django_tasklock.backends.base import BaseProvider, HeldLock, Holder
+from django_tasklock.backends import get_backend
+from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.heartbeat import Lease, heartbeat
 from django_tasklock.options import (
     Duration,
@@ -50,21 +50,21 @@ def new_token() -> str:
 class TaskLockService:
     """Runs work under a lease lock held in the configured storage.
 
-    With no ``provider`` the one named by ``TASKLOCK_BACKEND`` is used, looked
+    With no ``backend`` the one named by ``TASKLOCK_BACKEND`` is used, looked
     up at each call, so changing settings (``override_settings``) takes
     effect. A service is safe to share between threads.
     """
 
-    def __init__(self, provider: BaseProvider | None = None) -> None:
-        self._provider = provider
+    def __init__(self, backend: BaseBackend | None = None) -> None:
+        self._backend = backend
 
     @property
-    def provider(self) -> BaseProvider:
-        return self._provider if self._provider is not None else get_provider()
+    def backend(self) -> BaseBackend:
+        return self._backend if self._backend is not None else get_backend()
 
     def peek(self, key: str) -> HeldLock | None:
         """Who holds ``key`` and until when (by the storage's clock), or None if nobody."""
-        return self.provider.peek(validate_key(key))
+        return self.backend.peek(validate_key(key))
 
     def run_exclusive(
         self,
@@ -124,12 +124,12 @@ class TaskLockService:
         options = LockOptions.resolve(
             ttl=ttl, refresh_interval=refresh_interval, max_lifetime=max_lifetime
         )
-        provider = self.provider
+        backend = self.backend
         token = new_token()
         asked_at = time.monotonic()
-        if not provider.acquire(key, token, ttl=options.ttl, max_lifetime=options.max_lifetime):
+        if not backend.acquire(key, token, ttl=options.ttl, max_lifetime=options.max_lifetime):
             return None
-        return Lease(provider, key, token, Holder.from_token(token), options, asked_at=asked_at)
+        return Lease(backend, key, token, Holder.from_token(token), options, asked_at=asked_at)
 
     def _hold(self, lease: Lease) -> None:
         """Start keeping ``lease`` alive (call inside the ``try`` that releases it)."""
@@ -141,7 +141,7 @@ class TaskLockService:
             return  # a forked child leaving the work: the lease is its parent's
         heartbeat().remove(lease)
         try:
-            released = lease.provider.release(lease.key, lease.token)
+            released = lease.backend.release(lease.key, lease.token)
         except Exception:
             logger.warning(
                 "Releasing task lock %r failed; the lease will expire by itself.",

@@ -10,11 +10,11 @@ from django.conf import settings
 from django.db import connections
 from django.db.models.functions import Now
 
-from django_tasklock.backends import reset_provider
+from django_tasklock.backends import reset_backend
 from django_tasklock.backends.base import caller_key, storage_key
-from django_tasklock.backends.database import DatabaseProvider
+from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.db_connections import add_thread_connection
-from django_tasklock.testing import ContractBackend, ProviderRecipe
+from django_tasklock.testing import BackendRecipe, ContractBackend
 from tests import services
 
 #: Every database alias the suite runs against.
@@ -47,18 +47,18 @@ def database_backend(alias: str) -> ContractBackend:
     def put_foreign(stored: str) -> None:
         plant(stored, "not a lock", timedelta(hours=2), -timedelta(hours=1))
 
-    def unreachable() -> DatabaseProvider:
+    def unreachable() -> DatabaseBackend:
         broken = dict(connections[alias].settings_dict)
         if broken["ENGINE"].endswith("sqlite3"):
             broken["NAME"] = "/nonexistent-directory/tasklock.sqlite3"
         else:
             broken["PORT"] = "1"
         add_thread_connection(f"{alias}_unreachable", broken)
-        return DatabaseProvider(using=f"{alias}_unreachable")
+        return DatabaseBackend(using=f"{alias}_unreachable")
 
     settings_dict = dict(connections[alias].settings_dict)
-    recipe = ProviderRecipe(
-        provider="django_tasklock.backends.database.DatabaseProvider",
+    recipe = BackendRecipe(
+        backend="django_tasklock.backends.database.DatabaseBackend",
         kwargs={"using": alias},
         settings={
             "DATABASES": {"default": settings_dict, alias: settings_dict},
@@ -67,7 +67,7 @@ def database_backend(alias: str) -> ContractBackend:
     )
     return ContractBackend(
         name=f"database:{connections[alias].vendor}",
-        provider=DatabaseProvider(using=alias),
+        backend=DatabaseBackend(using=alias),
         recipe=recipe,
         plant=plant,
         put_foreign=put_foreign,
@@ -79,7 +79,7 @@ def database_backend(alias: str) -> ContractBackend:
 def redis_backend(namespace: str) -> Iterator[ContractBackend]:
     import redis
 
-    from django_tasklock.backends.redis import RedisProvider
+    from django_tasklock.backends.redis import RedisBackend
 
     url = settings.REDIS_URL
     assert url is not None
@@ -98,16 +98,16 @@ def redis_backend(namespace: str) -> Iterator[ContractBackend]:
 
     yield ContractBackend(
         name="redis",
-        provider=RedisProvider(url=url),
-        recipe=ProviderRecipe(
-            provider="django_tasklock.backends.redis.RedisProvider",
+        backend=RedisBackend(url=url),
+        recipe=BackendRecipe(
+            backend="django_tasklock.backends.redis.RedisBackend",
             kwargs={"url": url},
             settings={"INSTALLED_APPS": ["django_tasklock"]},
         ),
         plant=plant,
         put_foreign=put_foreign,
         stored_keys=stored_keys,
-        unreachable=lambda: RedisProvider(url="redis://127.0.0.1:1/0"),
+        unreachable=lambda: RedisBackend(url="redis://127.0.0.1:1/0"),
     )
     # Only what this test wrote: its keys all carry its namespace.
     for stored in stored_keys():
@@ -117,8 +117,8 @@ def redis_backend(namespace: str) -> Iterator[ContractBackend]:
 def memory_backend() -> ContractBackend:
     from django_tasklock.backends import memory
 
-    provider = memory.MemoryProvider()
-    leases = provider._leases  # the suite's own backend: it may look inside
+    backend = memory.MemoryBackend()
+    leases = backend._leases  # the suite's own backend: it may look inside
 
     def plant(stored: str, value: str, created_ago: timedelta, expires_in: timedelta) -> None:
         now = time.monotonic()
@@ -132,7 +132,7 @@ def memory_backend() -> ContractBackend:
     # No unreachable: there is no storage to lose.
     return ContractBackend(
         name="memory",
-        provider=provider,
+        backend=backend,
         plant=plant,
         stored_keys=lambda: {storage_key(key) for key in leases},
     )
@@ -155,11 +155,11 @@ def any_backend(request: pytest.FixtureRequest, key: str) -> Iterator[ContractBa
 
 
 @pytest.fixture(autouse=True)
-def _fresh_provider() -> Iterator[None]:
-    """No provider chosen in a test outlives it (deleting a setting sends no signal)."""
-    reset_provider()
+def _fresh_backend() -> Iterator[None]:
+    """No backend chosen in a test outlives it (deleting a setting sends no signal)."""
+    reset_backend()
     yield
-    reset_provider()
+    reset_backend()
 
 
 @pytest.fixture

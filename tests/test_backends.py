@@ -1,4 +1,4 @@
-"""Choosing the provider: setting, environment variable, dotted path, reset on change."""
+"""Choosing the backend: setting, environment variable, dotted path, reset on change."""
 
 from __future__ import annotations
 
@@ -10,25 +10,25 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_tasklock import TaskLockService, run_exclusive
-from django_tasklock.backends import get_provider, reset_provider
-from django_tasklock.backends.database import DatabaseProvider
-from django_tasklock.backends.memory import MemoryProvider
+from django_tasklock.backends import get_backend, reset_backend
+from django_tasklock.backends.database import DatabaseBackend
+from django_tasklock.backends.memory import MemoryBackend
 
 
 def test_database_is_the_default_and_postgres_an_alias() -> None:
-    assert isinstance(get_provider(), DatabaseProvider)
+    assert isinstance(get_backend(), DatabaseBackend)
     with override_settings(TASKLOCK_BACKEND="postgres", TASKLOCK_DATABASE="other"):
-        provider = get_provider()
-        assert isinstance(provider, DatabaseProvider)
-        assert provider.using == "other"
+        backend = get_backend()
+        assert isinstance(backend, DatabaseBackend)
+        assert backend.using == "other"
 
 
-def test_setting_change_picks_a_new_provider() -> None:
-    before = get_provider()
-    assert get_provider() is before
+def test_setting_change_picks_a_new_backend() -> None:
+    before = get_backend()
+    assert get_backend() is before
     with override_settings(TASKLOCK_BACKEND="memory"):
-        assert isinstance(get_provider(), MemoryProvider)
-    assert isinstance(get_provider(), DatabaseProvider)
+        assert isinstance(get_backend(), MemoryBackend)
+    assert isinstance(get_backend(), DatabaseBackend)
 
 
 def test_environment_variable_decides_when_the_setting_is_absent(
@@ -36,18 +36,18 @@ def test_environment_variable_decides_when_the_setting_is_absent(
 ) -> None:
     del settings.TASKLOCK_BACKEND  # type: ignore[attr-defined]
     monkeypatch.setenv("TASKLOCK_BACKEND", "memory")
-    reset_provider()
-    assert isinstance(get_provider(), MemoryProvider)
+    reset_backend()
+    assert isinstance(get_backend(), MemoryBackend)
 
 
 def test_setting_wins_over_the_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TASKLOCK_BACKEND", "memory")
-    assert isinstance(get_provider(), DatabaseProvider)
+    assert isinstance(get_backend(), DatabaseBackend)
 
 
-def test_dotted_path_to_a_provider_class() -> None:
-    with override_settings(TASKLOCK_BACKEND="django_tasklock.backends.memory.MemoryProvider"):
-        assert isinstance(get_provider(), MemoryProvider)
+def test_dotted_path_to_a_backend_class() -> None:
+    with override_settings(TASKLOCK_BACKEND="django_tasklock.backends.memory.MemoryBackend"):
+        assert isinstance(get_backend(), MemoryBackend)
 
 
 def test_unknown_backend_is_improperly_configured_at_first_use() -> None:
@@ -59,8 +59,8 @@ def test_unknown_backend_is_improperly_configured_at_first_use() -> None:
 
 def test_module_level_run_exclusive_uses_the_configured_backend() -> None:
     with override_settings(TASKLOCK_BACKEND="memory"):
-        provider = get_provider()
-        result = run_exclusive("module-level", provider.list)
+        backend = get_backend()
+        result = run_exclusive("module-level", backend.list)
     assert result.acquired
     assert [held.key for held in result.result or []] == ["module-level"]
 

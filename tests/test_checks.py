@@ -27,9 +27,7 @@ def test_unknown_backend_fails_manage_py_check() -> None:
     assert "HINT" in str(info.value)
 
 
-@pytest.mark.parametrize(
-    "backend", ["nosuch", "no.such.Provider", "django_tasklock.conf.Settings"]
-)
+@pytest.mark.parametrize("backend", ["nosuch", "no.such.Backend", "django_tasklock.conf.Settings"])
 def test_bad_backend_names_are_e001(backend: str) -> None:
     with override_settings(TASKLOCK_BACKEND=backend):
         messages = check_tasklock_settings()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from django_tasklock.testing import ContractBackend, ProviderContract
+from django_tasklock.testing import BackendContract, ContractBackend
 
 
-class TestContract(ProviderContract):
+class TestContract(BackendContract):
     @pytest.fixture
     def contract_backend(self, any_backend: ContractBackend) -> ContractBackend:
         return any_backend

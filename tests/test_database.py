@@ -15,7 +15,7 @@ from unittest import mock
 import pytest
 from django.db import IntegrityError, connections, transaction
 
-from django_tasklock.backends.database import DatabaseProvider
+from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.exceptions import TaskLockError
 from django_tasklock.models import CacheEntry
 from django_tasklock.service import TaskLockService, new_token
@@ -60,18 +60,18 @@ def _kinds(statements: list[str]) -> list[str]:
 
 def test_refused_acquisition_is_one_insert_and_one_select_on_postgres() -> None:
     require_service("postgres")
-    provider = DatabaseProvider(using="postgres")
-    assert provider.acquire("refused", new_token(), ttl=LONG, max_lifetime=LIFE)
+    backend = DatabaseBackend(using="postgres")
+    assert backend.acquire("refused", new_token(), ttl=LONG, max_lifetime=LIFE)
     sent = _statements_sent(
         "postgres",
-        lambda: provider.acquire("refused", new_token(), ttl=LONG, max_lifetime=LIFE),
+        lambda: backend.acquire("refused", new_token(), ttl=LONG, max_lifetime=LIFE),
     )
     assert _kinds(sent) == ["INSERT", "SELECT"], sent
 
 
 def test_uncontended_run_is_one_insert_and_one_delete_on_postgres() -> None:
     require_service("postgres")
-    service = TaskLockService(DatabaseProvider(using="postgres"))
+    service = TaskLockService(DatabaseBackend(using="postgres"))
     service.run_exclusive("warm-up", lambda: None)  # connect outside the measurement
     sent = _statements_sent("postgres", lambda: service.run_exclusive("rt", lambda: None))
     assert _kinds(sent) == ["INSERT", "DELETE"], sent
@@ -89,16 +89,16 @@ def test_lock_inside_a_transaction_is_visible_at_once_and_survives_rollback(
     server_alias: str,
 ) -> None:
     alias = server_alias
-    provider = DatabaseProvider(using=alias)
+    backend = DatabaseBackend(using=alias)
     seen_by_others: list[bool] = []
 
     def other_worker() -> None:
         started = time.monotonic()
         seen_by_others.append(
-            not provider.acquire("in-tx", new_token(), ttl=LONG, max_lifetime=LIFE)
+            not backend.acquire("in-tx", new_token(), ttl=LONG, max_lifetime=LIFE)
         )
         seen_by_others.append(time.monotonic() - started < 2)
-        provider.close()
+        backend.close()
 
     def work() -> str:
         thread = threading.Thread(target=other_worker)
@@ -107,12 +107,12 @@ def test_lock_inside_a_transaction_is_visible_at_once_and_survives_rollback(
         return "done"
 
     with transaction.atomic(using=alias):
-        result = TaskLockService(provider).run_exclusive("in-tx", work)
+        result = TaskLockService(backend).run_exclusive("in-tx", work)
         assert connections[alias].in_atomic_block
         transaction.set_rollback(True, using=alias)
     assert (result.acquired, result.result, result.lost) == (True, "done", False)
     assert seen_by_others == [True, True]  # refused at once, not blocked until commit
-    assert provider.peek("in-tx") is None  # released, whatever the transaction did
+    assert backend.peek("in-tx") is None  # released, whatever the transaction did
     assert not CacheEntry.objects.using(alias).filter(key="task-lock:in-tx").exists()
 
 
@@ -120,45 +120,45 @@ def test_lease_taken_inside_a_transaction_is_committed_before_the_caller_commits
     server_alias: str,
 ) -> None:
     alias = server_alias
-    provider = DatabaseProvider(using=alias)
+    backend = DatabaseBackend(using=alias)
     token = new_token()
     with transaction.atomic(using=alias):
-        assert provider.acquire("committed", token, ttl=LONG, max_lifetime=LIFE)
+        assert backend.acquire("committed", token, ttl=LONG, max_lifetime=LIFE)
         transaction.set_rollback(True, using=alias)
-    assert provider.peek("committed") is not None
-    assert provider.release("committed", token)
+    assert backend.peek("committed") is not None
+    assert backend.release("committed", token)
 
 
 def test_without_autocommit_the_lease_is_committed_at_once_too(server_alias: str) -> None:
-    provider = DatabaseProvider(using=server_alias)
+    backend = DatabaseBackend(using=server_alias)
     token = new_token()
     transaction.set_autocommit(False, using=server_alias)
     try:
-        assert provider.acquire("no-autocommit", token, ttl=LONG, max_lifetime=LIFE)
+        assert backend.acquire("no-autocommit", token, ttl=LONG, max_lifetime=LIFE)
         transaction.rollback(using=server_alias)
     finally:
         transaction.set_autocommit(True, using=server_alias)
-    assert provider.peek("no-autocommit") is not None
-    assert provider.release("no-autocommit", token)
+    assert backend.peek("no-autocommit") is not None
+    assert backend.release("no-autocommit", token)
 
 
 def test_sqlite_refuses_a_lock_inside_a_transaction_and_writes_nothing() -> None:
-    provider = DatabaseProvider(using="default")
+    backend = DatabaseBackend(using="default")
     with transaction.atomic(using="default"):
         with pytest.raises(TaskLockError, match="SQLite"):
-            provider.acquire("sqlite-tx", new_token(), ttl=LONG, max_lifetime=LIFE)
-        assert provider.peek("sqlite-tx") is None  # reading is fine
-    assert provider.peek("sqlite-tx") is None
+            backend.acquire("sqlite-tx", new_token(), ttl=LONG, max_lifetime=LIFE)
+        assert backend.peek("sqlite-tx") is None  # reading is fine
+    assert backend.peek("sqlite-tx") is None
 
 
 def test_side_connections_are_closed_at_request_boundaries(server_alias: str) -> None:
     from django.core.signals import request_finished
 
-    provider = DatabaseProvider(using=server_alias)
+    backend = DatabaseBackend(using=server_alias)
     with transaction.atomic(using=server_alias):
         token = new_token()
-        assert provider.acquire("side", token, ttl=LONG, max_lifetime=LIFE)
-        assert provider.release("side", token)
+        assert backend.acquire("side", token, ttl=LONG, max_lifetime=LIFE)
+        assert backend.release("side", token)
     side = connections[server_alias + "__tasklock"]
     assert side.connection is not None
     request_finished.send(sender=None)  # CONN_MAX_AGE = 0: closed like Django's own
@@ -168,35 +168,35 @@ def test_side_connections_are_closed_at_request_boundaries(server_alias: str) ->
 def test_key_changing_hands_between_insert_and_look_is_held_not_an_error(alias: str) -> None:
     # Another worker releases between our INSERT's conflict and our look at
     # the row, again and again: a real duplicate-key error, and no row seen.
-    provider = DatabaseProvider(using=alias)
-    assert provider.acquire("churn", new_token(), ttl=LONG, max_lifetime=LIFE)
+    backend = DatabaseBackend(using=alias)
+    assert backend.acquire("churn", new_token(), ttl=LONG, max_lifetime=LIFE)
     with mock.patch("django.db.models.QuerySet.first", return_value=None):
-        assert not provider.acquire("churn", new_token(), ttl=LONG, max_lifetime=LIFE)
+        assert not backend.acquire("churn", new_token(), ttl=LONG, max_lifetime=LIFE)
 
 
 def test_unknown_database_alias_is_improperly_configured() -> None:
     from django.core.exceptions import ImproperlyConfigured
 
     with pytest.raises(ImproperlyConfigured, match="TASKLOCK_DATABASE"):
-        DatabaseProvider(using="nosuch").acquire("x", new_token(), ttl=LONG, max_lifetime=LIFE)
+        DatabaseBackend(using="nosuch").acquire("x", new_token(), ttl=LONG, max_lifetime=LIFE)
 
 
 def test_integrity_error_without_the_row_is_raised_not_held(alias: str) -> None:
-    provider = DatabaseProvider(using=alias)
+    backend = DatabaseBackend(using=alias)
     not_a_conflict = IntegrityError("NOT NULL constraint failed: cache_entries.value")
     with (
         mock.patch("django.db.models.QuerySet.create", side_effect=not_a_conflict),
         pytest.raises(IntegrityError, match="NOT NULL"),
     ):
-        provider.acquire("ghost", new_token(), ttl=LONG, max_lifetime=LIFE)
+        backend.acquire("ghost", new_token(), ttl=LONG, max_lifetime=LIFE)
 
 
 def test_refresh_after_the_connection_was_killed_reconnects(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     require_service("postgres")
-    provider = DatabaseProvider(using="postgres")
-    service = TaskLockService(provider)
+    backend = DatabaseBackend(using="postgres")
+    service = TaskLockService(backend)
     kills: list[int] = []
 
     def work() -> None:
@@ -209,7 +209,7 @@ def test_refresh_after_the_connection_was_killed_reconnects(
             )
             kills.append(len(cursor.fetchall()))
         time.sleep(1.5)
-        assert not provider.acquire("killed-conn", new_token(), ttl=LONG, max_lifetime=LIFE)
+        assert not backend.acquire("killed-conn", new_token(), ttl=LONG, max_lifetime=LIFE)
 
     with caplog.at_level(logging.WARNING, logger="django_tasklock"):
         result = service.run_exclusive("killed-conn", work, ttl=1.0, refresh_interval=0.3)
@@ -221,25 +221,25 @@ def test_refresh_after_the_connection_was_killed_reconnects(
 
 
 def test_release_of_an_expired_own_row_reports_lost_and_clears_it(alias: str) -> None:
-    provider = DatabaseProvider(using=alias)
+    backend = DatabaseBackend(using=alias)
     token = new_token()
-    assert provider.acquire("expired-own", token, ttl=timedelta(seconds=0.2), max_lifetime=LIFE)
+    assert backend.acquire("expired-own", token, ttl=timedelta(seconds=0.2), max_lifetime=LIFE)
     time.sleep(0.3)
-    assert not provider.release("expired-own", token)
+    assert not backend.release("expired-own", token)
     assert not CacheEntry.objects.using(alias).filter(key="task-lock:expired-own").exists()
 
 
-def test_provider_without_the_app_installed_says_how_to_fix(
+def test_backend_without_the_app_installed_says_how_to_fix(
     settings: Any,
 ) -> None:
     from django.core.exceptions import ImproperlyConfigured
 
-    provider = DatabaseProvider()
+    backend = DatabaseBackend()
     with (
         mock.patch("django.apps.apps.is_installed", return_value=False),
         pytest.raises(ImproperlyConfigured, match="INSTALLED_APPS"),
     ):
-        provider.acquire("x", new_token(), ttl=LONG, max_lifetime=LIFE)
+        backend.acquire("x", new_token(), ttl=LONG, max_lifetime=LIFE)
 
 
 def test_sqlite_test_database_is_a_file() -> None:

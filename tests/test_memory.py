@@ -8,9 +8,9 @@ import pytest
 from django.test import override_settings
 
 import django_tasklock
-from django_tasklock.backends import get_provider
+from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import STALE_AFTER, Capabilities
-from django_tasklock.backends.memory import MemoryProvider
+from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.service import TaskLockService, new_token
 
 LIFE = timedelta(hours=1)
@@ -27,12 +27,12 @@ class FakeClock:
         return self.now
 
 
-def assert_lease_ends_at(provider: MemoryProvider, clock: FakeClock, when: float) -> None:
+def assert_lease_ends_at(backend: MemoryBackend, clock: FakeClock, when: float) -> None:
     """Key "k" is held until just before ``when`` and free from ``when`` on (moves the clock)."""
     clock.now = when - EPSILON
-    assert provider.peek("k") is not None
+    assert backend.peek("k") is not None
     clock.now = when
-    assert provider.peek("k") is None
+    assert backend.peek("k") is None
 
 
 @pytest.fixture
@@ -41,123 +41,123 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def provider(clock: FakeClock) -> MemoryProvider:
-    return MemoryProvider(clock=clock)
+def backend(clock: FakeClock) -> MemoryBackend:
+    return MemoryBackend(clock=clock)
 
 
-def test_lease_ends_exactly_at_its_ttl(provider: MemoryProvider, clock: FakeClock) -> None:
+def test_lease_ends_exactly_at_its_ttl(backend: MemoryBackend, clock: FakeClock) -> None:
     start, token = clock.now, new_token()
-    assert provider.acquire("k", token, ttl=timedelta(seconds=10), max_lifetime=LIFE)
+    assert backend.acquire("k", token, ttl=timedelta(seconds=10), max_lifetime=LIFE)
 
     clock.now = start + 10 - EPSILON
-    held = provider.peek("k")
+    held = backend.peek("k")
     assert held is not None
     assert held.seconds_left == pytest.approx(EPSILON)
-    assert not provider.acquire("k", new_token(), ttl=timedelta(seconds=10), max_lifetime=LIFE)
+    assert not backend.acquire("k", new_token(), ttl=timedelta(seconds=10), max_lifetime=LIFE)
 
     clock.now = start + 10
-    assert provider.peek("k") is None
-    assert provider.list() == []
-    assert not provider.refresh("k", token, ttl=timedelta(seconds=10), max_lifetime=LIFE)
-    assert not provider.release("k", token)
-    assert provider.acquire("k", new_token(), ttl=timedelta(seconds=10), max_lifetime=LIFE)
+    assert backend.peek("k") is None
+    assert backend.list() == []
+    assert not backend.refresh("k", token, ttl=timedelta(seconds=10), max_lifetime=LIFE)
+    assert not backend.release("k", token)
+    assert backend.acquire("k", new_token(), ttl=timedelta(seconds=10), max_lifetime=LIFE)
 
 
-def test_refresh_extends_from_now(provider: MemoryProvider, clock: FakeClock) -> None:
+def test_refresh_extends_from_now(backend: MemoryBackend, clock: FakeClock) -> None:
     start, token, ttl = clock.now, new_token(), timedelta(seconds=10)
-    assert provider.acquire("k", token, ttl=ttl, max_lifetime=LIFE)
+    assert backend.acquire("k", token, ttl=ttl, max_lifetime=LIFE)
     clock.now = start + 6
-    assert provider.refresh("k", token, ttl=ttl, max_lifetime=LIFE)
-    assert_lease_ends_at(provider, clock, start + 16)
+    assert backend.refresh("k", token, ttl=ttl, max_lifetime=LIFE)
+    assert_lease_ends_at(backend, clock, start + 16)
 
 
 def test_refresh_is_capped_at_acquisition_plus_max_lifetime(
-    provider: MemoryProvider, clock: FakeClock
+    backend: MemoryBackend, clock: FakeClock
 ) -> None:
     start, token = clock.now, new_token()
     ttl, life = timedelta(seconds=10), timedelta(seconds=25)
-    assert provider.acquire("k", token, ttl=ttl, max_lifetime=life)
+    assert backend.acquire("k", token, ttl=ttl, max_lifetime=life)
     clock.now = start + 8
-    assert provider.refresh("k", token, ttl=ttl, max_lifetime=life)  # to start + 18
+    assert backend.refresh("k", token, ttl=ttl, max_lifetime=life)  # to start + 18
     clock.now = start + 17
-    assert provider.refresh("k", token, ttl=ttl, max_lifetime=life)  # capped: start + 25
-    held = provider.peek("k")
+    assert backend.refresh("k", token, ttl=ttl, max_lifetime=life)  # capped: start + 25
+    held = backend.peek("k")
     assert held is not None
     assert held.seconds_left == pytest.approx(8)
     clock.now = start + 24
-    assert provider.refresh("k", token, ttl=ttl, max_lifetime=life)  # still True, not extended
-    assert_lease_ends_at(provider, clock, start + 25)
-    assert not provider.refresh("k", token, ttl=ttl, max_lifetime=life)
-    assert provider.acquire("k", new_token(), ttl=ttl, max_lifetime=life)
+    assert backend.refresh("k", token, ttl=ttl, max_lifetime=life)  # still True, not extended
+    assert_lease_ends_at(backend, clock, start + 25)
+    assert not backend.refresh("k", token, ttl=ttl, max_lifetime=life)
+    assert backend.acquire("k", new_token(), ttl=ttl, max_lifetime=life)
 
 
-def test_first_lease_is_capped_at_max_lifetime(provider: MemoryProvider, clock: FakeClock) -> None:
+def test_first_lease_is_capped_at_max_lifetime(backend: MemoryBackend, clock: FakeClock) -> None:
     start = clock.now
     ttl, life = timedelta(seconds=30), timedelta(seconds=4)
-    assert provider.acquire("k", new_token(), ttl=ttl, max_lifetime=life)
-    assert_lease_ends_at(provider, clock, start + 4)
+    assert backend.acquire("k", new_token(), ttl=ttl, max_lifetime=life)
+    assert_lease_ends_at(backend, clock, start + 4)
 
 
 def test_lease_older_than_24_hours_is_taken_over_whatever_its_expiry(
-    provider: MemoryProvider, clock: FakeClock
+    backend: MemoryBackend, clock: FakeClock
 ) -> None:
-    # Only a provider driven past the service's validation can write such a lease.
+    # Only a backend driven past the service's validation can write such a lease.
     start, day = clock.now, STALE_AFTER.total_seconds()
     long = timedelta(hours=30)
-    assert provider.acquire("k", new_token(), ttl=long, max_lifetime=long)
+    assert backend.acquire("k", new_token(), ttl=long, max_lifetime=long)
     clock.now = start + day
-    assert provider.peek("k") is not None  # 24 h exactly is not "more than 24 h"
-    assert provider.clear_stale(dry_run=True) == 0
+    assert backend.peek("k") is not None  # 24 h exactly is not "more than 24 h"
+    assert backend.clear_stale(dry_run=True) == 0
     clock.now = start + day + EPSILON
-    assert provider.peek("k") is None
-    assert provider.list() == []
-    assert provider.clear_stale(dry_run=True) == 1
-    assert provider.acquire("k", new_token(), ttl=timedelta(seconds=10), max_lifetime=LIFE)
-    assert provider.clear_stale(dry_run=True) == 0
+    assert backend.peek("k") is None
+    assert backend.list() == []
+    assert backend.clear_stale(dry_run=True) == 1
+    assert backend.acquire("k", new_token(), ttl=timedelta(seconds=10), max_lifetime=LIFE)
+    assert backend.clear_stale(dry_run=True) == 0
 
 
 def test_clear_stale_counts_expired_and_abandoned_leases(
-    provider: MemoryProvider, clock: FakeClock
+    backend: MemoryBackend, clock: FakeClock
 ) -> None:
     start, ttl = clock.now, timedelta(seconds=10)
     long = timedelta(hours=30)
-    assert provider.acquire("abandoned", new_token(), ttl=long, max_lifetime=long)
+    assert backend.acquire("abandoned", new_token(), ttl=long, max_lifetime=long)
     clock.now = start + STALE_AFTER.total_seconds() - 5
     live, released = new_token(), new_token()
-    assert provider.acquire("live", live, ttl=timedelta(minutes=5), max_lifetime=LIFE)
-    assert provider.acquire("expired-1", new_token(), ttl=ttl, max_lifetime=LIFE)
-    assert provider.acquire("expired-2", new_token(), ttl=ttl, max_lifetime=LIFE)
-    assert provider.acquire("released", released, ttl=ttl, max_lifetime=LIFE)
-    assert provider.release("released", released)
-    assert provider.clear_stale(dry_run=True) == 0
+    assert backend.acquire("live", live, ttl=timedelta(minutes=5), max_lifetime=LIFE)
+    assert backend.acquire("expired-1", new_token(), ttl=ttl, max_lifetime=LIFE)
+    assert backend.acquire("expired-2", new_token(), ttl=ttl, max_lifetime=LIFE)
+    assert backend.acquire("released", released, ttl=ttl, max_lifetime=LIFE)
+    assert backend.release("released", released)
+    assert backend.clear_stale(dry_run=True) == 0
 
     clock.now += 10  # "abandoned" is now 24 h + 5 s old; the two expired at their ttl
-    assert provider.clear_stale(dry_run=True) == 3
-    assert provider.clear_stale(dry_run=True) == 3  # a dry run deletes nothing
-    assert provider.clear_stale() == 3
-    assert provider.clear_stale() == 0
-    assert [held.key for held in provider.list()] == ["live"]
-    assert provider.release("live", live)
+    assert backend.clear_stale(dry_run=True) == 3
+    assert backend.clear_stale(dry_run=True) == 3  # a dry run deletes nothing
+    assert backend.clear_stale() == 3
+    assert backend.clear_stale() == 0
+    assert [held.key for held in backend.list()] == ["live"]
+    assert backend.release("live", live)
 
 
 def test_expired_lease_released_by_its_holder_is_gone_not_counted(
-    provider: MemoryProvider, clock: FakeClock
+    backend: MemoryBackend, clock: FakeClock
 ) -> None:
     token = new_token()
-    assert provider.acquire("k", token, ttl=timedelta(seconds=1), max_lifetime=LIFE)
+    assert backend.acquire("k", token, ttl=timedelta(seconds=1), max_lifetime=LIFE)
     clock.now += 1
-    assert not provider.release("k", token)
-    assert provider.clear_stale(dry_run=True) == 0
-    assert not provider.force_release("k")
+    assert not backend.release("k", token)
+    assert backend.clear_stale(dry_run=True) == 0
+    assert not backend.force_release("k")
 
 
 def test_reported_times_follow_the_injected_clock(
-    provider: MemoryProvider, clock: FakeClock
+    backend: MemoryBackend, clock: FakeClock
 ) -> None:
-    assert provider.acquire("k", new_token(), ttl=timedelta(seconds=60), max_lifetime=LIFE)
+    assert backend.acquire("k", new_token(), ttl=timedelta(seconds=60), max_lifetime=LIFE)
     clock.now += 20
     before = datetime.now(timezone.utc)
-    held = provider.peek("k")
+    held = backend.peek("k")
     after = datetime.now(timezone.utc)
     assert held is not None
     assert held.seconds_left == pytest.approx(40)
@@ -167,33 +167,33 @@ def test_reported_times_follow_the_injected_clock(
 
 
 def test_capabilities_say_one_process_and_no_server_clock() -> None:
-    assert MemoryProvider.capabilities == Capabilities(cross_process=False, server_clock=False)
+    assert MemoryBackend.capabilities == Capabilities(cross_process=False, server_clock=False)
 
 
 def test_memory_backend_is_chosen_by_setting_and_shared_within_the_process() -> None:
     with override_settings(TASKLOCK_BACKEND="memory"):
-        provider = get_provider()
-        assert isinstance(provider, MemoryProvider)
-        assert get_provider() is provider
+        backend = get_backend()
+        assert isinstance(backend, MemoryBackend)
+        assert get_backend() is backend
 
         def work() -> tuple[bool, bool]:
             other_service = TaskLockService().run_exclusive("shared", lambda: "ran")
-            return get_provider().peek("shared") is not None, other_service.acquired
+            return get_backend().peek("shared") is not None, other_service.acquired
 
         result = django_tasklock.run_exclusive("shared", work)
         assert result.acquired
         assert result.result == (True, False)  # seen held and refused by another service
-        assert provider.acquire("kept", new_token(), ttl=timedelta(minutes=5), max_lifetime=LIFE)
+        assert backend.acquire("kept", new_token(), ttl=timedelta(minutes=5), max_lifetime=LIFE)
 
-        # Defaults are read per call: changing them keeps the provider and its locks.
+        # Defaults are read per call: changing them keeps the backend and its locks.
         with override_settings(TASKLOCK_DEFAULTS={"ttl": 60}):
-            assert get_provider() is provider
-            assert provider.peek("kept") is not None
+            assert get_backend() is backend
+            assert backend.peek("kept") is not None
 
-        # Changing what the provider is built from gives a fresh one.
-        with override_settings(TASKLOCK_BACKEND="django_tasklock.backends.memory.MemoryProvider"):
-            fresh = get_provider()
-            assert isinstance(fresh, MemoryProvider)
-            assert fresh is not provider
+        # Changing what the backend is built from gives a fresh one.
+        with override_settings(TASKLOCK_BACKEND="django_tasklock.backends.memory.MemoryBackend"):
+            fresh = get_backend()
+            assert isinstance(fresh, MemoryBackend)
+            assert fresh is not backend
             assert fresh.peek("kept") is None
-            assert get_provider() is fresh
+            assert get_backend() is fresh

@@ -21,9 +21,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 import django_tasklock
-from django_tasklock.backends import get_provider, reset_provider
+from django_tasklock.backends import get_backend, reset_backend
 from django_tasklock.backends.base import KEY_PREFIX, storage_key
-from django_tasklock.backends.redis import RedisProvider
+from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.service import TaskLockService, new_token
 from django_tasklock.testing.support import wait_until
 from tests.conftest import require_service
@@ -56,8 +56,8 @@ def raw(key: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def provider(raw: redis.Redis) -> RedisProvider:
-    return RedisProvider(url=_url())
+def backend(raw: redis.Redis) -> RedisBackend:
+    return RedisBackend(url=_url())
 
 
 def _ours(client: redis.Redis, key: str) -> set[str]:
@@ -68,7 +68,7 @@ def _ours(client: redis.Redis, key: str) -> set[str]:
 
 
 def test_hold_is_one_key_with_the_lease_ttl_and_a_dated_token(
-    raw: redis.Redis, provider: RedisProvider, key: str
+    raw: redis.Redis, backend: RedisBackend, key: str
 ) -> None:
     stored = KEY_PREFIX + key
     before_ms = _server_ms(raw)
@@ -78,7 +78,7 @@ def test_hold_is_one_key_with_the_lease_ttl_and_a_dated_token(
         assert isinstance(value, bytes)
         return _ours(raw, key), int(raw.pttl(stored)), value.decode(), _server_ms(raw)
 
-    result = TaskLockService(provider).run_exclusive(key, work, ttl=5)
+    result = TaskLockService(backend).run_exclusive(key, work, ttl=5)
     assert result.acquired
     assert result.result is not None
     keys, pttl, value, inside_ms = result.result
@@ -94,12 +94,12 @@ def test_hold_is_one_key_with_the_lease_ttl_and_a_dated_token(
 
 
 def test_peek_reports_the_acquisition_time_stored_in_the_value(
-    raw: redis.Redis, provider: RedisProvider, key: str
+    raw: redis.Redis, backend: RedisBackend, key: str
 ) -> None:
-    assert provider.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
+    assert backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
     value = raw.get(storage_key(key))
     assert isinstance(value, bytes)
-    held = provider.peek(key)
+    held = backend.peek(key)
     assert held is not None
     assert held.acquired_at == EPOCH + timedelta(milliseconds=int(value.rpartition(b"@")[2]))
     assert 0 < held.seconds_left <= 30
@@ -107,31 +107,31 @@ def test_peek_reports_the_acquisition_time_stored_in_the_value(
 
 
 def test_first_lease_is_capped_at_max_lifetime(
-    raw: redis.Redis, provider: RedisProvider, key: str
+    raw: redis.Redis, backend: RedisBackend, key: str
 ) -> None:
-    assert provider.acquire(key, new_token(), ttl=LONG, max_lifetime=timedelta(seconds=2))
+    assert backend.acquire(key, new_token(), ttl=LONG, max_lifetime=timedelta(seconds=2))
     assert 0 < raw.pttl(storage_key(key)) <= 2000
 
 
 def test_release_or_refresh_with_a_stale_or_other_token_changes_nothing(
-    raw: redis.Redis, provider: RedisProvider, key: str
+    raw: redis.Redis, backend: RedisBackend, key: str
 ) -> None:
     stored = storage_key(key)
     stale = new_token()
-    assert provider.acquire(key, stale, ttl=timedelta(seconds=0.2), max_lifetime=LIFE)
+    assert backend.acquire(key, stale, ttl=timedelta(seconds=0.2), max_lifetime=LIFE)
     wait_until(lambda: raw.exists(stored) == 0, timeout=3)
     current = new_token()
-    assert provider.acquire(key, current, ttl=LONG, max_lifetime=LIFE)
+    assert backend.acquire(key, current, ttl=LONG, max_lifetime=LIFE)
     value = raw.get(stored)
     assert isinstance(value, bytes)
     assert value.startswith(current.encode() + b"@")
 
-    assert not provider.release(key, stale)
-    assert not provider.release(key, new_token())
-    assert not provider.refresh(key, stale, ttl=timedelta(minutes=10), max_lifetime=LIFE)
+    assert not backend.release(key, stale)
+    assert not backend.release(key, new_token())
+    assert not backend.refresh(key, stale, ttl=timedelta(minutes=10), max_lifetime=LIFE)
     assert raw.get(stored) == value
     assert 0 < raw.pttl(stored) <= 30_000  # not extended to the stale holder's 10 min
-    assert provider.release(key, current)
+    assert backend.release(key, current)
     assert raw.exists(stored) == 0
 
 
@@ -152,7 +152,7 @@ def test_cache_alias_connection_stores_the_key_without_prefix_or_version(
         TASKLOCK_REDIS_CACHE="redis",
         CACHES=_redis_caches(KEY_PREFIX="pfx", VERSION=7),
     ):
-        assert isinstance(get_provider(), RedisProvider)
+        assert isinstance(get_backend(), RedisBackend)
         result = django_tasklock.run_exclusive(key, lambda: _ours(raw, key), ttl=5)
         assert result.acquired
         assert result.result == {KEY_PREFIX + key}
@@ -182,9 +182,9 @@ def test_environment_variable_chooses_the_backend_when_the_setting_is_absent(
     monkeypatch.setenv("TASKLOCK_BACKEND", "redis")
     settings.TASKLOCK_REDIS_URL = _url()
     del settings.TASKLOCK_BACKEND
-    reset_provider()  # deleting a setting sends no setting_changed
+    reset_backend()  # deleting a setting sends no setting_changed
     assert not hasattr(django_settings, "TASKLOCK_BACKEND")
-    assert isinstance(get_provider(), RedisProvider)
+    assert isinstance(get_backend(), RedisBackend)
     result = django_tasklock.run_exclusive(key, lambda: raw.pttl(storage_key(key)), ttl=5)
     assert result.acquired
     assert isinstance(result.result, int)
@@ -194,11 +194,11 @@ def test_environment_variable_chooses_the_backend_when_the_setting_is_absent(
 
 def test_exactly_one_connection_source_and_no_connection_before_use() -> None:
     with pytest.raises(TypeError, match="exactly one"):
-        RedisProvider()
+        RedisBackend()
     with pytest.raises(TypeError, match="exactly one"):
-        RedisProvider(url="redis://127.0.0.1:1/0", cache_alias="redis")
+        RedisBackend(url="redis://127.0.0.1:1/0", cache_alias="redis")
     # Neither connects at construction: only the first call fails.
-    unreachable = RedisProvider(url="redis://127.0.0.1:1/0")
+    unreachable = RedisBackend(url="redis://127.0.0.1:1/0")
     with pytest.raises(redis.ConnectionError):
         unreachable.peek("k")
 
@@ -207,34 +207,34 @@ def test_exactly_one_connection_source_and_no_connection_before_use() -> None:
 def test_cache_alias_that_is_not_django_redis_is_improperly_configured_at_first_use(
     alias: str,
 ) -> None:
-    provider = RedisProvider(cache_alias=alias)  # "default" is a LocMemCache in the tests
+    backend = RedisBackend(cache_alias=alias)  # "default" is a LocMemCache in the tests
     ran: list[bool] = []
     with pytest.raises(ImproperlyConfigured, match="TASKLOCK_REDIS_CACHE"):
-        TaskLockService(provider).run_exclusive("k", lambda: ran.append(True))
+        TaskLockService(backend).run_exclusive("k", lambda: ran.append(True))
     assert ran == []
 
 
 def test_capabilities_promise_cross_process_and_server_clock() -> None:
-    assert RedisProvider.capabilities.cross_process
-    assert RedisProvider.capabilities.server_clock
+    assert RedisBackend.capabilities.cross_process
+    assert RedisBackend.capabilities.server_clock
 
 
 # -- scripts and SCAN ------------------------------------------------------------------
 
 
 def test_every_operation_survives_a_script_cache_flush(
-    raw: redis.Redis, provider: RedisProvider, key: str
+    raw: redis.Redis, backend: RedisBackend, key: str
 ) -> None:
     token = new_token()
-    assert provider.acquire(key + "-warm", token, ttl=LONG, max_lifetime=LIFE)  # loads scripts
+    assert backend.acquire(key + "-warm", token, ttl=LONG, max_lifetime=LIFE)  # loads scripts
     steps: list[tuple[str, Callable[[], object]]] = [
-        ("acquire", lambda: provider.acquire(key, token, ttl=LONG, max_lifetime=LIFE)),
-        ("refresh", lambda: provider.refresh(key, token, ttl=LONG, max_lifetime=LIFE)),
-        ("peek", lambda: provider.peek(key) is not None),
-        ("list", lambda: [h.key for h in provider.list() if h.key.startswith(key)]),
-        ("clear_stale", lambda: provider.clear_stale(dry_run=True) >= 0),
-        ("release", lambda: provider.release(key, token)),
-        ("release-warm", lambda: provider.release(key + "-warm", token)),
+        ("acquire", lambda: backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)),
+        ("refresh", lambda: backend.refresh(key, token, ttl=LONG, max_lifetime=LIFE)),
+        ("peek", lambda: backend.peek(key) is not None),
+        ("list", lambda: [h.key for h in backend.list() if h.key.startswith(key)]),
+        ("clear_stale", lambda: backend.clear_stale(dry_run=True) >= 0),
+        ("release", lambda: backend.release(key, token)),
+        ("release-warm", lambda: backend.release(key + "-warm", token)),
     ]
     outcomes = {}
     for name, step in steps:
@@ -258,7 +258,7 @@ def _command_calls(client: redis.Redis, command: str) -> int:
 
 
 def test_list_pages_through_scan_and_never_calls_keys(
-    raw: redis.Redis, provider: RedisProvider, key: str
+    raw: redis.Redis, backend: RedisBackend, key: str
 ) -> None:
     expected = [f"{key}-{i:04d}" for i in range(2000)]
     value = f"{new_token()}@{_server_ms(raw)}"
@@ -268,7 +268,7 @@ def test_list_pages_through_scan_and_never_calls_keys(
     pipe.execute()
 
     keys_before, scans_before = _command_calls(raw, "keys"), _command_calls(raw, "scan")
-    listed = provider.list()
+    listed = backend.list()
     keys_after, scans_after = _command_calls(raw, "keys"), _command_calls(raw, "scan")
 
     mine = [held.key for held in listed if held.key.startswith(key)]
@@ -278,7 +278,7 @@ def test_list_pages_through_scan_and_never_calls_keys(
     assert scans_after - scans_before >= 2  # more than one page
 
 
-# -- values the provider did not write -----------------------------------------------
+# -- values the backend did not write -----------------------------------------------
 
 
 def _write_foreign(client: redis.Redis, stored: str, kind: str, px: int | None) -> None:
@@ -303,33 +303,33 @@ def _dump(client: redis.Redis, stored: str) -> object:
     ],
 )
 def test_undatable_value_with_a_ttl_is_held_until_it_expires(
-    raw: redis.Redis, provider: RedisProvider, key: str, kind: str, holder: tuple[str, int | None]
+    raw: redis.Redis, backend: RedisBackend, key: str, kind: str, holder: tuple[str, int | None]
 ) -> None:
     stored = storage_key(key)
     _write_foreign(raw, stored, kind, px=1500)
     original = _dump(raw, stored)
     start_ms = _server_ms(raw)
 
-    assert not provider.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
-    held = provider.peek(key)
+    assert not backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
+    held = backend.peek(key)
     assert held is not None
     assert (held.holder.host, held.holder.pid) == holder
     assert start_ms <= (held.acquired_at - EPOCH) / timedelta(milliseconds=1) <= _server_ms(raw)
     assert 0 < held.seconds_left <= 1.5
-    assert [h.key for h in provider.list() if h.key == key] == [key]
+    assert [h.key for h in backend.list() if h.key == key] == [key]
     # Nobody can refresh or release it, not even with the value as the token.
-    assert not provider.refresh(key, kind, ttl=LONG, max_lifetime=LIFE)
-    assert not provider.release(key, kind)
-    provider.clear_stale()
+    assert not backend.refresh(key, kind, ttl=LONG, max_lifetime=LIFE)
+    assert not backend.release(key, kind)
+    backend.clear_stale()
     assert _dump(raw, stored) == original
     assert 0 < raw.pttl(stored) <= 1500
 
     wait_until(lambda: raw.exists(stored) == 0, timeout=5)
-    assert provider.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
+    assert backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
 
 
 def test_key_without_a_ttl_is_free_and_swept(
-    raw: redis.Redis, provider: RedisProvider, key: str
+    raw: redis.Redis, backend: RedisBackend, key: str
 ) -> None:
     garbage, persisted, taken = (storage_key(f"{key}-{n}") for n in ("garbage", "ours", "taken"))
     raw.set(garbage, "garbage")
@@ -337,19 +337,19 @@ def test_key_without_a_ttl_is_free_and_swept(
     _write_foreign(raw, taken, "list", px=None)
 
     for stored in (garbage, persisted, taken):
-        assert provider.peek(stored[len(KEY_PREFIX) :]) is None
-    assert [h for h in provider.list() if h.key.startswith(key)] == []
+        assert backend.peek(stored[len(KEY_PREFIX) :]) is None
+    assert [h for h in backend.list() if h.key.startswith(key)] == []
     # "At least": another test run sharing this database may have abandoned keys of its own.
-    assert provider.clear_stale(dry_run=True) >= 3
+    assert backend.clear_stale(dry_run=True) >= 3
     assert raw.exists(garbage, persisted, taken) == 3
 
     token = new_token()
-    assert provider.acquire(f"{key}-taken", token, ttl=LONG, max_lifetime=LIFE)
+    assert backend.acquire(f"{key}-taken", token, ttl=LONG, max_lifetime=LIFE)
     value = raw.get(taken)
     assert isinstance(value, bytes)
     assert value.startswith(token.encode() + b"@")
     assert 0 < raw.pttl(taken) <= 30_000
-    assert provider.clear_stale() >= 2
+    assert backend.clear_stale() >= 2
     assert raw.exists(garbage, persisted) == 0
     assert raw.exists(taken) == 1
 
@@ -360,8 +360,8 @@ def test_key_without_a_ttl_is_free_and_swept(
 def test_heartbeat_survives_a_killed_connection(raw: redis.Redis, key: str) -> None:
     name = f"tasklock-test-{uuid.uuid4().hex[:8]}"
     client = redis.Redis.from_url(_url(), client_name=name)
-    provider = RedisProvider(client=client)
-    rival = RedisProvider(url=_url())
+    backend = RedisBackend(client=client)
+    rival = RedisBackend(url=_url())
     killed: list[int] = []
     rivals: list[bool] = []
 
@@ -379,7 +379,7 @@ def test_heartbeat_survives_a_killed_connection(raw: redis.Redis, key: str) -> N
             time.sleep(0.1)
 
     try:
-        result = TaskLockService(provider).run_exclusive(key, work, ttl=1, refresh_interval=0.3)
+        result = TaskLockService(backend).run_exclusive(key, work, ttl=1, refresh_interval=0.3)
         assert killed
         assert result.acquired
         assert not result.lost

@@ -11,7 +11,7 @@ import pytest
 from django.test import override_settings
 
 from django_tasklock import Holder, TaskLockService
-from django_tasklock.backends.memory import MemoryProvider
+from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.heartbeat import heartbeat
 from django_tasklock.options import LockOptions
 from django_tasklock.service import new_token
@@ -67,7 +67,7 @@ def test_holder_of_a_foreign_value() -> None:
 
 
 def test_heartbeat_thread_is_a_daemon() -> None:
-    service = TaskLockService(MemoryProvider())
+    service = TaskLockService(MemoryBackend())
     service.run_exclusive("daemon", lambda: None)
     threads = [t for t in threading.enumerate() if t.name == "django-tasklock-heartbeat"]
     assert len(threads) == 1
@@ -76,16 +76,16 @@ def test_heartbeat_thread_is_a_daemon() -> None:
 
 
 def test_heartbeat_does_not_refresh_work_that_ends_before_the_first_tick() -> None:
-    from django_tasklock.testing import FaultyProvider
+    from django_tasklock.testing import FaultyBackend
 
-    faulty = FaultyProvider(MemoryProvider())
+    faulty = FaultyBackend(MemoryBackend())
     TaskLockService(faulty).run_exclusive("quick", lambda: None, ttl=0.3)
     threading.Event().wait(0.4)
     assert faulty.refresh_calls == 0
 
 
 def test_peek_validates_the_key_and_reports_the_holder() -> None:
-    service = TaskLockService(MemoryProvider())
+    service = TaskLockService(MemoryBackend())
     with pytest.raises(ValueError, match="key"):
         service.peek("")
     seen = service.run_exclusive("peeked", lambda: service.peek("peeked"))
@@ -100,15 +100,15 @@ def test_failing_signal_receivers_never_break_the_lock(caplog: pytest.LogCapture
     def broken(**kwargs: object) -> None:
         raise RuntimeError("receiver bug")
 
-    provider = MemoryProvider()
-    service = TaskLockService(provider)
+    backend = MemoryBackend()
+    service = TaskLockService(backend)
     for signal in (lock_acquired, lock_released, lock_lost):
         signal.connect(broken)
     try:
         # A lease lost (and its broken receiver run) on the heartbeat thread...
         lost = service.run_exclusive(
             "loses",
-            lambda: (provider.force_release("loses"), threading.Event().wait(0.5)),
+            lambda: (backend.force_release("loses"), threading.Event().wait(0.5)),
             ttl=0.3,
             refresh_interval=0.1,
         )
@@ -123,7 +123,7 @@ def test_failing_signal_receivers_never_break_the_lock(caplog: pytest.LogCapture
     assert lost.lost
     assert kept.acquired
     assert not kept.lost
-    assert provider.list() == []
+    assert backend.list() == []
     assert "receiver bug" in caplog.text
 
 
@@ -132,12 +132,12 @@ def test_a_forked_child_gets_a_heartbeat_of_its_own() -> None:
     # Celery's prefork pool forks workers from a parent that may hold leases.
     import multiprocessing
 
-    parent = TaskLockService(MemoryProvider())
+    parent = TaskLockService(MemoryBackend())
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
 
     def child() -> None:
-        result = TaskLockService(MemoryProvider()).run_exclusive(
+        result = TaskLockService(MemoryBackend()).run_exclusive(
             "child", lambda: threading.Event().wait(0.8), ttl=0.3, refresh_interval=0.1
         )
         results.put(result.lost)
@@ -155,9 +155,9 @@ def test_a_forked_child_gets_a_heartbeat_of_its_own() -> None:
 def test_lease_that_could_not_be_refreshed_past_its_end_is_reported_lost(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from django_tasklock.testing import FaultyProvider
+    from django_tasklock.testing import FaultyBackend
 
-    faulty = FaultyProvider(MemoryProvider(), refresh_failures=1000, release_fails=True)
+    faulty = FaultyBackend(MemoryBackend(), refresh_failures=1000, release_fails=True)
     result = TaskLockService(faulty).run_exclusive(
         "unconfirmed", lambda: threading.Event().wait(0.7), ttl=0.3, refresh_interval=0.1
     )
@@ -172,13 +172,13 @@ def test_heartbeat_outlives_a_receiver_that_raises_system_exit() -> None:
     def exits(**kwargs: object) -> None:
         raise SystemExit(3)
 
-    provider = MemoryProvider()
-    service = TaskLockService(provider)
+    backend = MemoryBackend()
+    service = TaskLockService(backend)
     lock_lost.connect(exits)
     try:
         service.run_exclusive(
             "exit-on-lost",
-            lambda: (provider.force_release("exit-on-lost"), threading.Event().wait(0.4)),
+            lambda: (backend.force_release("exit-on-lost"), threading.Event().wait(0.4)),
             ttl=0.3,
             refresh_interval=0.1,
         )
@@ -197,10 +197,10 @@ def test_a_forked_child_never_releases_its_parents_lease() -> None:
     from tests.conftest import require_service
 
     require_service("redis")
-    from django_tasklock.backends.redis import RedisProvider
+    from django_tasklock.backends.redis import RedisBackend
 
-    provider = RedisProvider(url=settings.REDIS_URL)
-    service = TaskLockService(provider)
+    backend = RedisBackend(url=settings.REDIS_URL)
+    service = TaskLockService(backend)
     lease = service._acquire("forked", lambda: None, 30, None, None, None)
     assert lease is not None
     try:
@@ -209,16 +209,16 @@ def test_a_forked_child_never_releases_its_parents_lease() -> None:
             service._release(lease)
             os._exit(0)
         os.waitpid(pid, 0)
-        held = provider.peek("forked")
+        held = backend.peek("forked")
         assert held is not None
         assert held.holder.pid == os.getpid()
     finally:
         service._release(lease)
-    assert provider.peek("forked") is None
+    assert backend.peek("forked") is None
 
 
 def test_many_short_locks_do_not_pile_up_in_the_heartbeat() -> None:
-    service = TaskLockService(MemoryProvider())
+    service = TaskLockService(MemoryBackend())
     done = threading.Event()
     # A long job keeps the heartbeat asleep until its first refresh...
     holder = threading.Thread(target=service.run_exclusive, args=("long", done.wait))

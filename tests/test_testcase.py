@@ -13,7 +13,7 @@ import time
 import pytest
 from django.db import connections
 
-from django_tasklock.backends.database import DatabaseProvider
+from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.service import TaskLockService
 from tests.conftest import DATABASE_ALIASES
 
@@ -24,14 +24,14 @@ pytestmark = pytest.mark.django_db(databases=DATABASE_ALIASES)
 def test_work_longer_than_a_refresh_is_not_lost_in_a_test_transaction(
     alias: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    provider = DatabaseProvider(using=alias)
-    service = TaskLockService(provider)
+    backend = DatabaseBackend(using=alias)
+    service = TaskLockService(backend)
 
     def work() -> bool:
         assert connections[alias].in_atomic_block  # the test's transaction
         assert not service.run_exclusive("in-test", lambda: None).acquired
         time.sleep(0.5)  # a few heartbeats
-        return provider.peek("in-test") is not None
+        return backend.peek("in-test") is not None
 
     with caplog.at_level(logging.WARNING, logger="django_tasklock"):
         result = service.run_exclusive("in-test", work, ttl=0.6, refresh_interval=0.1)
@@ -39,4 +39,4 @@ def test_work_longer_than_a_refresh_is_not_lost_in_a_test_transaction(
     assert result.result is True
     assert not result.lost
     assert caplog.text == ""
-    assert provider.peek("in-test") is None
+    assert backend.peek("in-test") is None

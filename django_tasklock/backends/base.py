@@ -1,7 +1,7 @@
-"""The provider contract: what a storage backend must do for the lock service.
+"""The backend contract: what a storage backend must do for the lock service.
 
-A provider stores at most one lease per key. Every method takes the *caller's*
-key (``"community-pr:abc-123"``); the provider stores it as
+A backend stores at most one lease per key. Every method takes the *caller's*
+key (``"community-pr:abc-123"``); the backend stores it as
 ``"task-lock:" + key`` and never reads, lists or deletes anything that does not
 start with that prefix.
 
@@ -9,8 +9,8 @@ Times that decide who holds a key (expiry, the 24 h staleness cap) come from
 the storage's own clock (the database server, Redis), never from the worker's,
 so that workers with skewed clocks cannot steal a live lease or keep a dead one.
 
-Providers know nothing of the service, heartbeats, decorators or asyncio; the
-service drives them through these methods only. A provider instance must be
+Backends know nothing of the service, heartbeats, decorators or asyncio; the
+service drives them through these methods only. A backend instance must be
 safe to use from several threads at once.
 """
 
@@ -57,7 +57,7 @@ class Holder:
 
 @dataclasses.dataclass(frozen=True)
 class HeldLock:
-    """A live lease as seen by :meth:`BaseProvider.peek` and :meth:`BaseProvider.list`."""
+    """A live lease as seen by :meth:`BaseBackend.peek` and :meth:`BaseBackend.list`."""
 
     key: str  #: the caller's key, without the ``task-lock:`` prefix
     holder: Holder
@@ -68,7 +68,7 @@ class HeldLock:
 
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
-    """What a provider can promise, so the contract suite asks only that.
+    """What a backend can promise, so the contract suite asks only that.
 
     ``cross_process``: two processes (or machines) exclude each other.
     ``server_clock``: expiry is judged by a clock shared by every worker.
@@ -78,24 +78,24 @@ class Capabilities:
     server_clock: bool = True
 
 
-class BaseProvider(abc.ABC):
+class BaseBackend(abc.ABC):
     """Storage for leases. Subclass it and name the class in ``TASKLOCK_BACKEND``.
 
     ``ttl`` and ``max_lifetime`` arrive validated (positive, ``max_lifetime``
-    at most 24 h). A provider raises its storage's own exceptions when the
+    at most 24 h). A backend raises its storage's own exceptions when the
     storage cannot be reached: the service reports them, never as "held".
     """
 
     capabilities: ClassVar[Capabilities] = Capabilities()
 
     @classmethod
-    def from_settings(cls) -> BaseProvider:
-        """Build the provider from Django settings (``TASKLOCK_*``)."""
+    def from_settings(cls) -> BaseBackend:
+        """Build the backend from Django settings (``TASKLOCK_*``)."""
         return cls()
 
     @classmethod
     def check(cls) -> list[Any]:
-        """System-check messages about this provider's configuration."""
+        """System-check messages about this backend's configuration."""
         return []
 
     @abc.abstractmethod

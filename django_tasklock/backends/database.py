@@ -33,7 +33,7 @@ from django.db.models.functions import Least, Now
 from django_tasklock.backends.base import (
     KEY_PREFIX,
     STALE_AFTER,
-    BaseProvider,
+    BaseBackend,
     HeldLock,
     Holder,
     caller_key,
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 _ACQUIRE_ATTEMPTS = 5
 
 
-class DatabaseProvider(BaseProvider):
+class DatabaseBackend(BaseBackend):
     """Leases in the ``cache_entries`` table of the database alias ``using``.
 
     Inside the caller's transaction the lock's statements go through a second
@@ -75,7 +75,7 @@ class DatabaseProvider(BaseProvider):
         self._test_leases_lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls) -> DatabaseProvider:
+    def from_settings(cls) -> DatabaseBackend:
         return cls(using=conf.DATABASE)
 
     @classmethod

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 from django_tasklock.backends.base import (
     STALE_AFTER,
-    BaseProvider,
+    BaseBackend,
     Capabilities,
     HeldLock,
     Holder,
@@ -23,11 +23,11 @@ from django_tasklock.backends.base import (
 @dataclasses.dataclass
 class _Lease:
     token: str
-    acquired: float  # by the provider's clock, in seconds
+    acquired: float  # by the backend's clock, in seconds
     expires: float
 
 
-class MemoryProvider(BaseProvider):
+class MemoryBackend(BaseBackend):
     """Leases in a dict guarded by one lock; safe across threads, not processes.
 
     Expiry is judged by ``clock`` (``time.monotonic`` unless a test injects a

@@ -6,8 +6,8 @@ lease at acquisition + ``max_lifetime`` and ``list`` can say when it began.
 Every decision is made inside a Lua script, atomically and by the server's
 clock; no worker's clock is ever consulted.
 
-A key in the namespace is *free* (taken over by :meth:`RedisProvider.acquire`,
-deleted by :meth:`RedisProvider.clear_stale`, hidden from ``peek``/``list``)
+A key in the namespace is *free* (taken over by :meth:`RedisBackend.acquire`,
+deleted by :meth:`RedisBackend.clear_stale`, hidden from ``peek``/``list``)
 when it is gone, when it has no TTL (no lease written here lacks one), or when
 its acquisition is more than 24 h old. A value not in our format but with a
 TTL (another tool's, or an older version's) is treated as held until it
@@ -33,7 +33,7 @@ from redis.exceptions import NoScriptError
 from django_tasklock.backends.base import (
     KEY_PREFIX,
     STALE_AFTER,
-    BaseProvider,
+    BaseBackend,
     HeldLock,
     Holder,
     caller_key,
@@ -122,7 +122,7 @@ def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
-class RedisProvider(BaseProvider):
+class RedisBackend(BaseBackend):
     """Leases in Redis, judged by the Redis server's clock.
 
     Give exactly one source: a ``redis.Redis`` ``client``, a ``url``, or the
@@ -138,7 +138,7 @@ class RedisProvider(BaseProvider):
         cache_alias: str | None = None,
     ) -> None:
         if sum(source is not None for source in (client, url, cache_alias)) != 1:
-            raise TypeError("RedisProvider takes exactly one of client, url and cache_alias")
+            raise TypeError("RedisBackend takes exactly one of client, url and cache_alias")
         self._client = client
         self._url = url
         self._cache_alias = cache_alias
@@ -146,7 +146,7 @@ class RedisProvider(BaseProvider):
         self._init_lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls) -> RedisProvider:
+    def from_settings(cls) -> RedisBackend:
         """``TASKLOCK_REDIS_URL`` when set, else the ``TASKLOCK_REDIS_CACHE`` alias."""
         from django_tasklock.conf import conf
 
@@ -299,7 +299,7 @@ class RedisProvider(BaseProvider):
     def list(self) -> list[HeldLock]:
         """Every held key in the namespace (found with ``SCAN``), ordered by key.
 
-        A value in the namespace that this provider did not write still blocks
+        A value in the namespace that this backend did not write still blocks
         acquisition until it expires, so it is listed (holder ``?`` unless it
         looks like a bare token) with ``acquired_at`` the time of reading.
         """

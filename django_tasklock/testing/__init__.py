@@ -1,22 +1,22 @@
 """Test helpers for projects and third-party backends.
 
-``ProviderContract`` is the contract suite (SPEC §3) as a pytest class to
-subclass; ``ContractBackend`` describes the provider under test;
-``ProviderRecipe`` rebuilds it in another process. Importing this module
+``BackendContract`` is the contract suite (SPEC §3) as a pytest class to
+subclass; ``ContractBackend`` describes the backend under test;
+``BackendRecipe`` rebuilds it in another process. Importing this module
 needs pytest.
 """
 
 from __future__ import annotations
 
-from django_tasklock.testing.contract import ProviderContract
-from django_tasklock.testing.faults import FaultyProvider, InjectedFault
+from django_tasklock.testing.contract import BackendContract
+from django_tasklock.testing.faults import FaultyBackend, InjectedFault
 from django_tasklock.testing.support import ContractBackend
-from django_tasklock.testing.workers import ProviderRecipe
+from django_tasklock.testing.workers import BackendRecipe
 
 __all__ = [
+    "BackendContract",
+    "BackendRecipe",
     "ContractBackend",
-    "FaultyProvider",
+    "FaultyBackend",
     "InjectedFault",
-    "ProviderContract",
-    "ProviderRecipe",
 ]

@@ -10,7 +10,7 @@ import threading
 import time
 from datetime import timedelta
 
-from django_tasklock.backends.base import BaseProvider
+from django_tasklock.backends.base import BaseBackend
 from django_tasklock.service import TaskLockService, new_token
 from django_tasklock.testing.support import (
     LIFE,
@@ -25,13 +25,11 @@ class ExclusionCases:
 
     # -- 1. mutual exclusion ------------------------------------------------
 
-    def test_second_acquire_of_a_held_key_is_refused(
-        self, provider: BaseProvider, key: str
-    ) -> None:
+    def test_second_acquire_of_a_held_key_is_refused(self, backend: BaseBackend, key: str) -> None:
         ttl, life = timedelta(seconds=30), timedelta(hours=1)
-        assert provider.acquire(key, new_token(), ttl=ttl, max_lifetime=life)
-        assert not provider.acquire(key, new_token(), ttl=ttl, max_lifetime=life)
-        assert provider.acquire(key + "-other", new_token(), ttl=ttl, max_lifetime=life)
+        assert backend.acquire(key, new_token(), ttl=ttl, max_lifetime=life)
+        assert not backend.acquire(key, new_token(), ttl=ttl, max_lifetime=life)
+        assert backend.acquire(key + "-other", new_token(), ttl=ttl, max_lifetime=life)
 
     def test_threads_racing_for_a_key_let_exactly_one_run(
         self, service: TaskLockService, key: str
@@ -44,7 +42,7 @@ class ExclusionCases:
             try:
                 outcomes.append(service.run_exclusive(key, lambda: time.sleep(0.5)).acquired)
             finally:
-                service.provider.close()  # the thread's connections die with it
+                service.backend.close()  # the thread's connections die with it
 
         threads = [threading.Thread(target=worker) for _ in range(8)]
         for thread in threads:
@@ -53,8 +51,10 @@ class ExclusionCases:
             thread.join()
         assert sorted(outcomes) == [False] * 7 + [True]
 
-    def test_processes_racing_never_overlap(self, backend: ContractBackend, key: str) -> None:
-        recipe = cross_process_recipe(backend)
+    def test_processes_racing_never_overlap(
+        self, contract_backend: ContractBackend, key: str
+    ) -> None:
+        recipe = cross_process_recipe(contract_backend)
         ctx = multiprocessing.get_context("spawn")
         n = 6
         barrier = ctx.Barrier(n)
@@ -78,26 +78,26 @@ class ExclusionCases:
     # -- 2. token ------------------------------------------------------------
 
     def test_holder_names_host_and_pid_and_tokens_differ(
-        self, provider: BaseProvider, key: str
+        self, backend: BaseBackend, key: str
     ) -> None:
         token = new_token()
-        assert provider.acquire(key, token, ttl=timedelta(seconds=30), max_lifetime=LIFE)
-        held = provider.peek(key)
+        assert backend.acquire(key, token, ttl=timedelta(seconds=30), max_lifetime=LIFE)
+        held = backend.peek(key)
         assert held is not None
         assert (held.holder.host, held.holder.pid) == (socket.gethostname(), os.getpid())
         assert token.split(":")[-1] not in str(held)
         assert len({new_token() for _ in range(100)}) == 100
 
     def test_refresh_and_release_are_bound_to_the_token(
-        self, provider: BaseProvider, key: str
+        self, backend: BaseBackend, key: str
     ) -> None:
         ttl, life = timedelta(seconds=30), timedelta(hours=1)
         token, intruder = new_token(), new_token()
-        assert provider.acquire(key, token, ttl=ttl, max_lifetime=life)
-        assert not provider.refresh(key, intruder, ttl=ttl, max_lifetime=life)
-        assert not provider.release(key, intruder)
-        assert provider.peek(key) is not None
-        assert provider.refresh(key, token, ttl=ttl, max_lifetime=life)
-        assert provider.release(key, token)
-        assert provider.peek(key) is None
-        assert not provider.release(key, token)
+        assert backend.acquire(key, token, ttl=ttl, max_lifetime=life)
+        assert not backend.refresh(key, intruder, ttl=ttl, max_lifetime=life)
+        assert not backend.release(key, intruder)
+        assert backend.peek(key) is not None
+        assert backend.refresh(key, token, ttl=ttl, max_lifetime=life)
+        assert backend.release(key, token)
+        assert backend.peek(key) is None
+        assert not backend.release(key, token)

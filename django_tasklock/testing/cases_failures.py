@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from django_tasklock.backends.base import BaseProvider
+from django_tasklock.backends.base import BaseBackend
 from django_tasklock.service import TaskLockService, new_token
-from django_tasklock.testing.faults import FaultyProvider
+from django_tasklock.testing.faults import FaultyBackend
 from django_tasklock.testing.support import (
     LIFE,
     LONG,
@@ -28,7 +28,7 @@ class FailureCases:
     def test_lost_lock_is_reported_and_the_new_holder_keeps_it(
         self,
         service: TaskLockService,
-        provider: BaseProvider,
+        backend: BaseBackend,
         key: str,
         signals: SignalRecorder,
         caplog: pytest.LogCaptureFixture,
@@ -36,8 +36,8 @@ class FailureCases:
         usurper = new_token()
 
         def work() -> None:
-            assert provider.force_release(key)
-            assert provider.acquire(key, usurper, ttl=LONG, max_lifetime=LIFE)
+            assert backend.force_release(key)
+            assert backend.acquire(key, usurper, ttl=LONG, max_lifetime=LIFE)
             wait_until(lambda: any(name == "lost" for name, _ in signals.sent), timeout=3)
 
         with caplog.at_level(logging.WARNING, logger="django_tasklock"):
@@ -49,24 +49,24 @@ class FailureCases:
         assert len(lost) == 1
         assert lost[0]["key"] == key
         assert usurper.split(":")[-1] not in repr(lost[0])
-        assert provider.release(key, usurper), "the loser's release deleted the new lease"
+        assert backend.release(key, usurper), "the loser's release deleted the new lease"
 
     def test_lock_lost_before_the_first_refresh_is_found_at_release(
-        self, service: TaskLockService, provider: BaseProvider, key: str
+        self, service: TaskLockService, backend: BaseBackend, key: str
     ) -> None:
         usurper = new_token()
 
         def work() -> None:
-            provider.force_release(key)
-            provider.acquire(key, usurper, ttl=LONG, max_lifetime=LIFE)
+            backend.force_release(key)
+            backend.acquire(key, usurper, ttl=LONG, max_lifetime=LIFE)
 
         assert service.run_exclusive(key, work).lost
-        assert provider.release(key, usurper)
+        assert backend.release(key, usurper)
 
     def test_transient_refresh_failures_are_retried(
-        self, provider: BaseProvider, key: str, caplog: pytest.LogCaptureFixture
+        self, backend: BaseBackend, key: str, caplog: pytest.LogCaptureFixture
     ) -> None:
-        faulty = FaultyProvider(provider, refresh_failures=2)
+        faulty = FaultyBackend(backend, refresh_failures=2)
         with caplog.at_level(logging.WARNING, logger="django_tasklock"):
             result = TaskLockService(faulty).run_exclusive(
                 key, lambda: time.sleep(1.6), ttl=1.0, refresh_interval=0.2
@@ -78,8 +78,10 @@ class FailureCases:
 
     # -- 8. errors are not "held" --------------------------------------------------
 
-    def test_unreachable_storage_raises_instead_of_held(self, backend: ContractBackend) -> None:
-        unreachable = require(backend, "unreachable")()
+    def test_unreachable_storage_raises_instead_of_held(
+        self, contract_backend: ContractBackend
+    ) -> None:
+        unreachable = require(contract_backend, "unreachable")()
         ran: list[bool] = []
         with pytest.raises(Exception) as info:  # noqa: PT011 - each storage has its own
             TaskLockService(unreachable).run_exclusive("k", lambda: ran.append(True))
@@ -90,19 +92,19 @@ class FailureCases:
         assert ran == []
 
     def test_failed_release_is_logged_and_keeps_the_result(
-        self, provider: BaseProvider, key: str, caplog: pytest.LogCaptureFixture
+        self, backend: BaseBackend, key: str, caplog: pytest.LogCaptureFixture
     ) -> None:
-        faulty = FaultyProvider(provider, release_fails=True)
+        faulty = FaultyBackend(backend, release_fails=True)
         with caplog.at_level(logging.WARNING, logger="django_tasklock"):
             result = TaskLockService(faulty).run_exclusive(key, lambda: "kept", ttl=0.5)
         assert (result.acquired, result.result) == (True, "kept")
         assert "will expire by itself" in caplog.text
-        wait_until(lambda: provider.peek(key) is None, timeout=2)
+        wait_until(lambda: backend.peek(key) is None, timeout=2)
 
     def test_failed_release_does_not_replace_the_exception(
-        self, provider: BaseProvider, key: str
+        self, backend: BaseBackend, key: str
     ) -> None:
-        faulty = FaultyProvider(provider, release_fails=True)
+        faulty = FaultyBackend(backend, release_fails=True)
         with pytest.raises(LookupError):
             TaskLockService(faulty).run_exclusive(
                 key, lambda: dict[str, int]()["missing"], ttl=0.5

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 
-from django_tasklock.backends.base import BaseProvider, HeldLock, storage_key
+from django_tasklock.backends.base import BaseBackend, HeldLock, storage_key
 from django_tasklock.service import TaskLockService, new_token
 from django_tasklock.testing.support import (
     LIFE,
@@ -31,34 +31,34 @@ class LeaseCases:
 
     # -- 3. heartbeat ----------------------------------------------------------
 
-    def test_refresh_extends_a_live_lease(self, provider: BaseProvider, key: str) -> None:
+    def test_refresh_extends_a_live_lease(self, backend: BaseBackend, key: str) -> None:
         token, life = new_token(), timedelta(hours=1)
-        assert provider.acquire(key, token, ttl=timedelta(seconds=1), max_lifetime=life)
+        assert backend.acquire(key, token, ttl=timedelta(seconds=1), max_lifetime=life)
         time.sleep(0.5)
-        assert provider.refresh(key, token, ttl=timedelta(seconds=1), max_lifetime=life)
+        assert backend.refresh(key, token, ttl=timedelta(seconds=1), max_lifetime=life)
         time.sleep(0.7)  # past the first lease's end
-        held = provider.peek(key)
+        held = backend.peek(key)
         assert held is not None
         assert 0 < held.seconds_left <= 1
 
     def test_refresh_never_resurrects_an_expired_lease(
-        self, provider: BaseProvider, key: str
+        self, backend: BaseBackend, key: str
     ) -> None:
         token, life = new_token(), timedelta(hours=1)
-        assert provider.acquire(key, token, ttl=timedelta(seconds=0.3), max_lifetime=life)
+        assert backend.acquire(key, token, ttl=timedelta(seconds=0.3), max_lifetime=life)
         time.sleep(0.5)
-        assert not provider.refresh(key, token, ttl=timedelta(seconds=30), max_lifetime=life)
-        assert provider.peek(key) is None
+        assert not backend.refresh(key, token, ttl=timedelta(seconds=30), max_lifetime=life)
+        assert backend.peek(key) is None
 
     def test_heartbeat_keeps_work_longer_than_ttl_exclusive(
-        self, service: TaskLockService, provider: BaseProvider, key: str
+        self, service: TaskLockService, backend: BaseBackend, key: str
     ) -> None:
         rivals: list[bool] = []
 
         def work() -> str:
             end = time.monotonic() + 2.0
             while time.monotonic() < end:
-                rivals.append(provider.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE))
+                rivals.append(backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE))
                 time.sleep(0.1)
             return "done"
 
@@ -66,26 +66,26 @@ class LeaseCases:
         assert (result.acquired, result.result, result.lost) == (True, "done", False)
         assert rivals
         assert not any(rivals)
-        assert provider.peek(key) is None
+        assert backend.peek(key) is None
 
     # -- 4. hard deadline --------------------------------------------------------
 
-    def test_storage_caps_refresh_at_max_lifetime(self, provider: BaseProvider, key: str) -> None:
+    def test_storage_caps_refresh_at_max_lifetime(self, backend: BaseBackend, key: str) -> None:
         token, life = new_token(), timedelta(seconds=1.2)
-        assert provider.acquire(key, token, ttl=timedelta(seconds=1), max_lifetime=life)
+        assert backend.acquire(key, token, ttl=timedelta(seconds=1), max_lifetime=life)
         time.sleep(0.5)
-        assert provider.refresh(key, token, ttl=timedelta(seconds=30), max_lifetime=life)
-        held = provider.peek(key)
+        assert backend.refresh(key, token, ttl=timedelta(seconds=30), max_lifetime=life)
+        held = backend.peek(key)
         assert held is not None
         assert held.seconds_left <= 0.7 + SLACK / 2
         time.sleep(0.9)
-        assert provider.peek(key) is None
-        assert provider.acquire(key, new_token(), ttl=LONG, max_lifetime=life)
+        assert backend.peek(key) is None
+        assert backend.acquire(key, new_token(), ttl=LONG, max_lifetime=life)
 
     def test_work_past_max_lifetime_loses_the_key(
         self,
         service: TaskLockService,
-        provider: BaseProvider,
+        backend: BaseBackend,
         key: str,
         caplog: pytest.LogCaptureFixture,
     ) -> None:
@@ -94,7 +94,7 @@ class LeaseCases:
         def runaway() -> None:
             start = time.monotonic()
             when = wait_until(
-                lambda: provider.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE),
+                lambda: backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE),
                 timeout=4,
                 step=0.05,
             )
@@ -111,25 +111,25 @@ class LeaseCases:
 
     # -- 5. reclaim --------------------------------------------------------------
 
-    def test_expired_lease_is_taken_over(self, provider: BaseProvider, key: str) -> None:
+    def test_expired_lease_is_taken_over(self, backend: BaseBackend, key: str) -> None:
         life = timedelta(hours=1)
-        assert provider.acquire(key, new_token(), ttl=timedelta(seconds=0.3), max_lifetime=life)
-        assert not provider.acquire(key, new_token(), ttl=LONG, max_lifetime=life)
+        assert backend.acquire(key, new_token(), ttl=timedelta(seconds=0.3), max_lifetime=life)
+        assert not backend.acquire(key, new_token(), ttl=LONG, max_lifetime=life)
         time.sleep(0.45)
-        assert provider.acquire(key, new_token(), ttl=LONG, max_lifetime=life)
+        assert backend.acquire(key, new_token(), ttl=LONG, max_lifetime=life)
 
     def test_lease_older_than_24_hours_is_taken_over(
-        self, backend: ContractBackend, provider: BaseProvider, key: str
+        self, contract_backend: ContractBackend, backend: BaseBackend, key: str
     ) -> None:
-        plant = require(backend, "plant")
+        plant = require(contract_backend, "plant")
         plant(storage_key(key), new_token(), timedelta(hours=25), timedelta(hours=1))
-        assert provider.peek(key) is None
-        assert provider.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
+        assert backend.peek(key) is None
+        assert backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
 
     def test_killed_holder_is_reclaimed_after_its_ttl_and_not_before(
-        self, backend: ContractBackend, provider: BaseProvider, key: str
+        self, contract_backend: ContractBackend, backend: BaseBackend, key: str
     ) -> None:
-        recipe = cross_process_recipe(backend)
+        recipe = cross_process_recipe(contract_backend)
         ttl, interval = 1.5, 0.5
         ctx = multiprocessing.get_context("spawn")
         ours, theirs = ctx.Pipe()
@@ -140,7 +140,7 @@ class LeaseCases:
             assert proc.pid is not None
             assert ours.recv() == ("acquired", proc.pid)
             time.sleep(2 * ttl)  # its heartbeat keeps it past the ttl
-            held = provider.peek(key)
+            held = backend.peek(key)
             assert held is not None
             assert held.holder.pid == proc.pid
             os.kill(proc.pid, signal.SIGKILL)
@@ -148,7 +148,7 @@ class LeaseCases:
             proc.join(5)
             life = timedelta(hours=1)
             reclaimed = wait_until(
-                lambda: provider.acquire(key, new_token(), ttl=LONG, max_lifetime=life),
+                lambda: backend.acquire(key, new_token(), ttl=LONG, max_lifetime=life),
                 timeout=ttl + 5,
             )
         finally:
@@ -160,35 +160,35 @@ class LeaseCases:
 
     @pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt, SystemExit])
     def test_release_on_every_exit_and_the_exception_propagates(
-        self, service: TaskLockService, provider: BaseProvider, key: str, exc: type[BaseException]
+        self, service: TaskLockService, backend: BaseBackend, key: str, exc: type[BaseException]
     ) -> None:
         raised = exc("boom")
 
         def fail() -> None:
-            assert provider.peek(key) is not None
+            assert backend.peek(key) is not None
             raise raised
 
         with pytest.raises(exc) as info:
             service.run_exclusive(key, fail)
         assert info.value is raised
-        assert provider.peek(key) is None
+        assert backend.peek(key) is None
 
     def test_run_exclusive_returns_the_result_and_releases(
-        self, service: TaskLockService, provider: BaseProvider, key: str, signals: SignalRecorder
+        self, service: TaskLockService, backend: BaseBackend, key: str, signals: SignalRecorder
     ) -> None:
-        result = service.run_exclusive(key, lambda: provider.peek(key))
+        result = service.run_exclusive(key, lambda: backend.peek(key))
         assert result.acquired
         assert not result.lost
         assert isinstance(result.result, HeldLock)
         assert result.result.key == key
-        assert provider.peek(key) is None
+        assert backend.peek(key) is None
         assert [name for name, _ in signals.sent] == ["acquired", "released"]
         assert all(kw["key"] == key and kw["holder"].pid == os.getpid() for _, kw in signals.sent)
 
     def test_held_key_runs_nothing_and_calls_on_locked(
-        self, service: TaskLockService, provider: BaseProvider, key: str
+        self, service: TaskLockService, backend: BaseBackend, key: str
     ) -> None:
-        assert provider.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
+        assert backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
         ran: list[str] = []
         result = service.run_exclusive(
             key, lambda: ran.append("fn"), on_locked=lambda: ran.append("on_locked")

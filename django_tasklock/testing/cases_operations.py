@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from django_tasklock.backends.base import KEY_PREFIX, BaseProvider, storage_key
+from django_tasklock.backends.base import KEY_PREFIX, BaseBackend, storage_key
 from django_tasklock.service import TaskLockService, new_token
 from django_tasklock.testing.support import (
     LIFE,
@@ -23,78 +23,82 @@ class OperationCases:
 
     # -- 10. namespacing -------------------------------------------------------------
 
-    def test_stored_key_is_exactly_prefixed(self, backend: ContractBackend, key: str) -> None:
-        stored_keys = require(backend, "stored_keys")
+    def test_stored_key_is_exactly_prefixed(
+        self, contract_backend: ContractBackend, key: str
+    ) -> None:
+        stored_keys = require(contract_backend, "stored_keys")
         token = new_token()
-        assert backend.provider.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        assert contract_backend.backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
         assert KEY_PREFIX + key in stored_keys()
-        assert backend.provider.release(key, token)
+        assert contract_backend.backend.release(key, token)
         assert KEY_PREFIX + key not in stored_keys()
 
     def test_entries_outside_the_namespace_are_never_touched(
-        self, backend: ContractBackend, key: str
+        self, contract_backend: ContractBackend, key: str
     ) -> None:
         put_foreign, stored_keys = (
-            require(backend, "put_foreign"),
-            require(backend, "stored_keys"),
+            require(contract_backend, "put_foreign"),
+            require(contract_backend, "stored_keys"),
         )
-        provider = backend.provider
+        backend = contract_backend.backend
         foreign = {f"cache:{key}", f"task-lock{key}", key}
         for stored in foreign:
             put_foreign(stored)
-        provider.acquire(key, new_token(), ttl=timedelta(seconds=0.2), max_lifetime=LIFE)
+        backend.acquire(key, new_token(), ttl=timedelta(seconds=0.2), max_lifetime=LIFE)
         time.sleep(0.3)
-        provider.clear_stale()
-        assert not provider.force_release(f"../{key}")
-        assert all(held.key != key for held in provider.list())
+        backend.clear_stale()
+        assert not backend.force_release(f"../{key}")
+        assert all(held.key != key for held in backend.list())
         assert foreign <= stored_keys()
 
     # -- operating: peek, list, clear_stale ----------------------------------------------
 
-    def test_peek_and_list_show_live_leases_only(self, provider: BaseProvider, key: str) -> None:
+    def test_peek_and_list_show_live_leases_only(self, backend: BaseBackend, key: str) -> None:
         life = timedelta(hours=1)
-        assert provider.acquire(
+        assert backend.acquire(
             key + "-b", new_token(), ttl=timedelta(seconds=30), max_lifetime=life
         )
-        assert provider.acquire(
+        assert backend.acquire(
             key + "-a", new_token(), ttl=timedelta(seconds=30), max_lifetime=life
         )
-        assert provider.acquire(
+        assert backend.acquire(
             key + "-x", new_token(), ttl=timedelta(seconds=0.2), max_lifetime=life
         )
         time.sleep(0.3)
-        mine = [held for held in provider.list() if held.key.startswith(key)]
+        mine = [held for held in backend.list() if held.key.startswith(key)]
         assert [held.key for held in mine] == [key + "-a", key + "-b"]
         for held in mine:
             assert held.acquired_at < held.expires_at
             assert 29 <= held.seconds_left <= 30
             assert abs((held.expires_at - held.acquired_at).total_seconds() - 30) < 1
-        assert provider.peek(key + "-x") is None
+        assert backend.peek(key + "-x") is None
 
     def test_clear_stale_deletes_expired_and_abandoned_leases_only(
-        self, backend: ContractBackend, provider: BaseProvider, key: str
+        self, contract_backend: ContractBackend, backend: BaseBackend, key: str
     ) -> None:
         life = timedelta(hours=1)
-        assert provider.acquire(key + "-live", new_token(), ttl=LONG, max_lifetime=life)
-        assert provider.acquire(
+        assert backend.acquire(key + "-live", new_token(), ttl=LONG, max_lifetime=life)
+        assert backend.acquire(
             key + "-gone", new_token(), ttl=timedelta(seconds=0.2), max_lifetime=life
         )
         abandoned = set()
-        if backend.plant is not None:
+        if contract_backend.plant is not None:
             abandoned.add(storage_key(key + "-old"))
-            backend.plant(storage_key(key + "-old"), new_token(), timedelta(hours=25), LIFE)
+            contract_backend.plant(
+                storage_key(key + "-old"), new_token(), timedelta(hours=25), LIFE
+            )
         time.sleep(0.3)
         # Counts are of the whole storage, which other tests may share: ask
         # only for what this test planted.
         stale = abandoned | {storage_key(key + "-gone")}
-        assert provider.clear_stale(dry_run=True) >= len(abandoned)
-        if backend.stored_keys is not None:
-            assert abandoned <= backend.stored_keys(), "a dry run deleted something"
-        assert provider.clear_stale() >= len(abandoned)
-        if backend.stored_keys is not None:
-            assert not stale & backend.stored_keys()
-        assert provider.peek(key + "-live") is not None
-        assert provider.force_release(key + "-live")
+        assert backend.clear_stale(dry_run=True) >= len(abandoned)
+        if contract_backend.stored_keys is not None:
+            assert abandoned <= contract_backend.stored_keys(), "a dry run deleted something"
+        assert backend.clear_stale() >= len(abandoned)
+        if contract_backend.stored_keys is not None:
+            assert not stale & contract_backend.stored_keys()
+        assert backend.peek(key + "-live") is not None
+        assert backend.force_release(key + "-live")
 
     # -- bad input ---------------------------------------------------------------------
 
@@ -120,7 +124,7 @@ class OperationCases:
     )
     def test_bad_input_is_rejected_before_anything_is_written(
         self,
-        provider: BaseProvider,
+        backend: BaseBackend,
         key: str,
         kwargs: dict[str, Any],
         error: type[Exception],
@@ -129,9 +133,9 @@ class OperationCases:
         ran: list[bool] = []
         call: dict[str, Any] = {"key": key, "fn": lambda: ran.append(True), **kwargs}
         with pytest.raises(error, match=names):
-            TaskLockService(provider).run_exclusive(call.pop("key"), call.pop("fn"), **call)
+            TaskLockService(backend).run_exclusive(call.pop("key"), call.pop("fn"), **call)
         assert ran == []
-        assert provider.peek(key) is None
+        assert backend.peek(key) is None
 
     def test_longest_key_is_accepted(self, service: TaskLockService, key: str) -> None:
         longest = (key + "k" * 245)[:245]

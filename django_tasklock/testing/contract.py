@@ -1,14 +1,14 @@
-"""The contract every provider honours (SPEC §3), as a pytest suite.
+"""The contract every backend honours (SPEC §3), as a pytest suite.
 
-Subclass :class:`ProviderContract` and give it a ``contract_backend`` fixture
-returning a :class:`ContractBackend` for your provider::
+Subclass :class:`BackendContract` and give it a ``contract_backend`` fixture
+returning a :class:`ContractBackend` for your backend::
 
-    class TestMyProvider(ProviderContract):
+    class TestMyBackend(BackendContract):
         @pytest.fixture
         def contract_backend(self):
-            return ContractBackend(name="mine", provider=MyProvider(), ...)
+            return ContractBackend(name="mine", backend=MyBackend(), ...)
 
-Cases that need something a provider cannot offer (another process, a way to
+Cases that need something a backend cannot offer (another process, a way to
 plant raw rows) say so by a capability flag or a missing hook and are skipped
 with that reason, never silently.
 """
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from django_tasklock.backends.base import BaseProvider
+from django_tasklock.backends.base import BaseBackend
 from django_tasklock.service import TaskLockService
 from django_tasklock.signals import lock_acquired, lock_lost, lock_released
 from django_tasklock.testing.cases_exclusion import ExclusionCases
@@ -29,10 +29,10 @@ from django_tasklock.testing.cases_lease import LeaseCases
 from django_tasklock.testing.cases_operations import OperationCases
 from django_tasklock.testing.support import ContractBackend, SignalRecorder
 
-__all__ = ["ContractBackend", "ProviderContract"]
+__all__ = ["BackendContract", "ContractBackend"]
 
 
-class ProviderContract(ExclusionCases, LeaseCases, FailureCases, OperationCases):
+class BackendContract(ExclusionCases, LeaseCases, FailureCases, OperationCases):
     """SPEC §3 semantics, 1 to 10, against ``contract_backend``."""
 
     @pytest.fixture
@@ -40,16 +40,12 @@ class ProviderContract(ExclusionCases, LeaseCases, FailureCases, OperationCases)
         raise NotImplementedError("define a contract_backend fixture")
 
     @pytest.fixture
-    def backend(self, contract_backend: ContractBackend) -> ContractBackend:
-        return contract_backend
+    def backend(self, contract_backend: ContractBackend) -> BaseBackend:
+        return contract_backend.backend
 
     @pytest.fixture
-    def provider(self, backend: ContractBackend) -> BaseProvider:
-        return backend.provider
-
-    @pytest.fixture
-    def service(self, provider: BaseProvider) -> TaskLockService:
-        return TaskLockService(provider)
+    def service(self, backend: BaseBackend) -> TaskLockService:
+        return TaskLockService(backend)
 
     @pytest.fixture
     def key(self) -> str:

@@ -1,22 +1,22 @@
-"""A provider that fails on purpose, for faults a test cannot cause for real."""
+"""A backend that fails on purpose, for faults a test cannot cause for real."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from django_tasklock.backends.base import BaseProvider, HeldLock
+from django_tasklock.backends.base import BaseBackend, HeldLock
 
 
 class InjectedFault(ConnectionError):
-    """Raised by :class:`FaultyProvider` where a real storage would be unreachable."""
+    """Raised by :class:`FaultyBackend` where a real storage would be unreachable."""
 
 
-class FaultyProvider(BaseProvider):
-    """Wraps a real provider; its first ``refresh_failures`` refreshes, and every
+class FaultyBackend(BaseBackend):
+    """Wraps a real backend; its first ``refresh_failures`` refreshes, and every
     release when ``release_fails``, raise :class:`InjectedFault` instead."""
 
     def __init__(
-        self, inner: BaseProvider, *, refresh_failures: int = 0, release_fails: bool = False
+        self, inner: BaseBackend, *, refresh_failures: int = 0, release_fails: bool = False
     ) -> None:
         self.inner = inner
         self.capabilities = inner.capabilities  # type: ignore[misc]

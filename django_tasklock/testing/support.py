@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from django_tasklock.backends.base import BaseProvider
+from django_tasklock.backends.base import BaseBackend
 from django_tasklock.signals import lock_acquired, lock_released
-from django_tasklock.testing.workers import ProviderRecipe
+from django_tasklock.testing.workers import BackendRecipe
 
 SLACK = 0.35
 LONG = timedelta(seconds=30)
@@ -21,30 +21,30 @@ LIFE = timedelta(hours=1)
 
 @dataclasses.dataclass
 class ContractBackend:
-    """What the contract needs to know about one provider under test.
+    """What the contract needs to know about one backend under test.
 
-    ``recipe``: how another process builds the same provider (needed when the
-    provider claims ``cross_process``). ``plant(stored_key, value, created_ago,
-    expires_in)``: write a raw lease, bypassing the provider. ``put_foreign(
+    ``recipe``: how another process builds the same backend (needed when the
+    backend claims ``cross_process``). ``plant(stored_key, value, created_ago,
+    expires_in)``: write a raw lease, bypassing the backend. ``put_foreign(
     stored_key)``: write an entry that is not a lock (an expired one, where the
     storage has expiry). ``stored_keys()``: every key in the storage that the
-    test may see. ``unreachable()``: a provider pointed at storage that does
+    test may see. ``unreachable()``: a backend pointed at storage that does
     not answer.
     """
 
     name: str
-    provider: BaseProvider
-    recipe: ProviderRecipe | None = None
+    backend: BaseBackend
+    recipe: BackendRecipe | None = None
     plant: Callable[[str, str, timedelta, timedelta], None] | None = None
     put_foreign: Callable[[str], None] | None = None
     stored_keys: Callable[[], set[str]] | None = None
-    unreachable: Callable[[], BaseProvider] | None = None
+    unreachable: Callable[[], BaseBackend] | None = None
 
 
-def require(backend: ContractBackend, hook: str) -> Any:
-    value = getattr(backend, hook)
+def require(subject: ContractBackend, hook: str) -> Any:
+    value = getattr(subject, hook)
     if value is None:
-        pytest.skip(f"{backend.name}: the contract backend gives no {hook!r} hook")
+        pytest.skip(f"{subject.name}: the contract backend gives no {hook!r} hook")
     return value
 
 
@@ -71,10 +71,10 @@ class SignalRecorder:
         self.sent.append((name, kwargs))
 
 
-def cross_process_recipe(backend: ContractBackend) -> ProviderRecipe:
+def cross_process_recipe(subject: ContractBackend) -> BackendRecipe:
     """The recipe for another process, or a skip naming the capability that is missing."""
-    if not backend.provider.capabilities.cross_process:
-        pytest.skip(f"{backend.name}: capability cross_process=False (one process only)")
-    recipe = require(backend, "recipe")
-    assert isinstance(recipe, ProviderRecipe)
+    if not subject.backend.capabilities.cross_process:
+        pytest.skip(f"{subject.name}: capability cross_process=False (one process only)")
+    recipe = require(subject, "recipe")
+    assert isinstance(recipe, BackendRecipe)
     return recipe

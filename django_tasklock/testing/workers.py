@@ -1,8 +1,8 @@
 """Code the contract suite runs in other processes (started with ``spawn``).
 
 A child process knows nothing of the parent's Django setup: it receives a
-:class:`ProviderRecipe` (settings and a provider class) and builds the same
-provider against the same storage.
+:class:`BackendRecipe` (settings and a backend class) and builds the same
+backend against the same storage.
 """
 
 from __future__ import annotations
@@ -16,24 +16,24 @@ from multiprocessing.synchronize import Barrier
 from queue import Queue
 from typing import Any
 
-from django_tasklock.backends.base import BaseProvider
+from django_tasklock.backends.base import BaseBackend
 
 
 @dataclasses.dataclass(frozen=True)
-class ProviderRecipe:
-    """How another process builds a provider on the same storage.
+class BackendRecipe:
+    """How another process builds a backend on the same storage.
 
     ``settings`` are passed to ``settings.configure()`` in the child (for the
     database backend: ``DATABASES`` naming the test database and
-    ``INSTALLED_APPS`` with ``django_tasklock``); ``provider`` is the dotted
-    path of the provider class, built with ``kwargs``.
+    ``INSTALLED_APPS`` with ``django_tasklock``); ``backend`` is the dotted
+    path of the backend class, built with ``kwargs``.
     """
 
-    provider: str
+    backend: str
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def build(self) -> BaseProvider:
+    def build(self) -> BaseBackend:
         import django
         from django.conf import settings
         from django.utils.module_loading import import_string
@@ -41,12 +41,12 @@ class ProviderRecipe:
         if not settings.configured:
             settings.configure(**{"USE_TZ": True, **self.settings})
             django.setup()
-        provider: BaseProvider = import_string(self.provider)(**self.kwargs)
-        return provider
+        backend: BaseBackend = import_string(self.backend)(**self.kwargs)
+        return backend
 
 
 def contend(
-    recipe: ProviderRecipe,
+    recipe: BackendRecipe,
     key: str,
     seconds: float,
     hold: float,
@@ -80,7 +80,7 @@ def contend(
 
 
 def hold_until_killed(
-    recipe: ProviderRecipe, key: str, ttl: float, refresh_interval: float, conn: Connection
+    recipe: BackendRecipe, key: str, ttl: float, refresh_interval: float, conn: Connection
 ) -> None:
     """Acquire ``key``, say so through ``conn``, then work until killed."""
     from django_tasklock.service import TaskLockService

@@ -34,7 +34,7 @@ def run_reclaim(console: Console, *, ttl: float) -> bool:
 
 
 def _crash_and_reclaim(console: Console, proc: subprocess.Popen[bytes], *, ttl: float) -> bool:
-    provider = TaskLockService().provider
+    backend = TaskLockService().backend
     held = _wait_for_holder(proc)
     if held is None:
         console.fail(f"Worker {proc.pid} was never seen holding {KEY!r}.")
@@ -44,7 +44,7 @@ def _crash_and_reclaim(console: Console, proc: subprocess.Popen[bytes], *, ttl: 
         f"lease every {ttl / 3:.3g} s."
     )
     time.sleep(ttl + 1)
-    held = provider.peek(KEY)
+    held = backend.peek(KEY)
     if held is None or held.holder.pid != proc.pid:
         console.fail(f"Worker {proc.pid} lost {KEY!r} while alive and working.")
         return False
@@ -59,7 +59,7 @@ def _crash_and_reclaim(console: Console, proc: subprocess.Popen[bytes], *, ttl: 
     console.say(f"SIGKILL sent to worker {proc.pid}: it releases nothing, its heartbeat stops.")
 
     attempt = run_exclusive(KEY, _take_over, ttl=ttl)
-    held, peeked_at = provider.peek(KEY), time.monotonic()
+    held, peeked_at = backend.peek(KEY), time.monotonic()
     if attempt.acquired or held is None or held.holder.pid != proc.pid:
         console.fail(f"{KEY!r} was not held by the dead worker right after the kill.")
         return False
@@ -87,10 +87,10 @@ def _crash_and_reclaim(console: Console, proc: subprocess.Popen[bytes], *, ttl: 
 
 def _wait_for_holder(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> HeldLock | None:
     """The lease once ``proc`` holds ``KEY``; None if it dies or times out first."""
-    provider = TaskLockService().provider
+    backend = TaskLockService().backend
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        held = provider.peek(KEY)
+        held = backend.peek(KEY)
         if held is not None and held.holder.pid == proc.pid:
             return held
         time.sleep(0.05)

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from exampleapp.demo.backend import ready_provider
+from exampleapp.demo.backend import ready_backend
 from exampleapp.demo.console import Console
 from exampleapp.demo.race import race_worker, run_race
 from exampleapp.demo.reclaim import KEY as RECLAIM_KEY
@@ -64,7 +64,7 @@ class Command(BaseCommand):
         console = Console(self.stdout, self.style)
         call_command("migrate", verbosity=0, interactive=False)
         console.say(f"Database: {settings.DATABASES['default']['NAME']} (migrated)")
-        ready_provider(console, [ROLLUPS_KEY, RECLAIM_KEY])
+        ready_backend(console, [ROLLUPS_KEY, RECLAIM_KEY])
 
         race_ok = run_race(console, workers=options["workers"], ttl=ttl)
         reclaim_ok = run_reclaim(console, ttl=ttl)
