@@ -20,6 +20,7 @@ from django_tasklock.options import (
     LockOptions,
     validate_callable,
     validate_key,
+    validate_sync_callable,
 )
 from django_tasklock.signals import lock_acquired, lock_released
 
@@ -95,8 +96,12 @@ class TaskLockService:
         the lease to expire; it never replaces ``fn``'s outcome.
 
         Raises:
-            TypeError, ValueError: bad arguments, naming the parameter; nothing is written.
+            TypeError, ValueError: bad arguments, naming the parameter; nothing is written
+                (a coroutine function for ``fn`` or ``on_locked`` names ``arun_exclusive``).
+            ImproperlyConfigured: ``TASKLOCK_DEFAULTS`` is invalid.
         """
+        validate_sync_callable("fn", fn, twin="arun_exclusive")
+        validate_sync_callable("on_locked", on_locked, twin="arun_exclusive", optional=True)
         lease = self._acquire(key, fn, ttl, refresh_interval, max_lifetime, on_locked)
         if lease is None:
             if on_locked is not None:

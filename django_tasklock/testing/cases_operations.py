@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from datetime import timedelta
 from typing import Any
@@ -16,6 +17,10 @@ from django_tasklock.testing.support import (
     ContractBackend,
     require,
 )
+
+
+async def _async_work(value: int = 0) -> int:  # pragma: no cover - never called
+    return value
 
 
 class OperationCases:
@@ -120,6 +125,24 @@ class OperationCases:
             ({"max_lifetime": 0}, ValueError, "max_lifetime"),
             ({"max_lifetime": timedelta(hours=24, seconds=1)}, ValueError, "max_lifetime"),
             ({"on_locked": 3}, TypeError, "on_locked"),
+            # Nothing that rounds to zero, nothing too large to store.
+            ({"ttl": 1e-7}, ValueError, "ttl"),
+            ({"refresh_interval": 1e-7}, ValueError, "refresh_interval"),
+            ({"max_lifetime": 1e-7}, ValueError, "max_lifetime"),
+            ({"max_lifetime": timedelta(microseconds=1)}, ValueError, "max_lifetime"),
+            ({"ttl": 1e14}, ValueError, "ttl"),
+            ({"ttl": 10**400}, ValueError, "ttl"),
+            ({"ttl": float("inf")}, ValueError, "ttl"),
+            ({"ttl": timedelta.max}, ValueError, "ttl"),
+            ({"refresh_interval": 10**400}, ValueError, "refresh_interval"),
+            ({"max_lifetime": timedelta.max}, ValueError, "max_lifetime"),
+            # Keys every storage can hold, the same on every backend.
+            ({"key": "nul\x00key"}, ValueError, "key"),
+            ({"key": "lone-\ud800-surrogate"}, ValueError, "key"),
+            # A coroutine function would never be awaited: the message names the twin.
+            ({"fn": _async_work}, TypeError, "arun_exclusive"),
+            ({"fn": functools.partial(_async_work, 1)}, TypeError, "arun_exclusive"),
+            ({"on_locked": _async_work}, TypeError, "arun_exclusive"),
         ],
     )
     def test_bad_input_is_rejected_before_anything_is_written(
