@@ -14,7 +14,7 @@ from django_tasklock.backends import reset_backend
 from django_tasklock.backends.base import caller_key, storage_key
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.db_connections import add_thread_connection
-from django_tasklock.testing import BackendRecipe, ContractBackend
+from django_tasklock.testing import BackendRecipe, ContractBackend, faketime_worker_clock
 from tests import services
 
 #: Every database alias the suite runs against.
@@ -73,6 +73,8 @@ def database_backend(alias: str) -> ContractBackend:
         put_foreign=put_foreign,
         stored_keys=lambda: set(rows.values_list("key", flat=True)),
         unreachable=unreachable,
+        # SQLite runs in the worker's process: its clock is the worker's.
+        skew_worker_clock=None if alias == "default" else faketime_worker_clock(recipe),
     )
 
 
@@ -96,18 +98,20 @@ def redis_backend(namespace: str) -> Iterator[ContractBackend]:
     def stored_keys() -> set[str]:
         return {k.decode() for k in client.scan_iter(match=f"*{namespace}*")}
 
+    recipe = BackendRecipe(
+        backend="django_tasklock.backends.redis.RedisBackend",
+        kwargs={"url": url},
+        settings={"INSTALLED_APPS": ["django_tasklock"]},
+    )
     yield ContractBackend(
         name="redis",
         backend=RedisBackend(url=url),
-        recipe=BackendRecipe(
-            backend="django_tasklock.backends.redis.RedisBackend",
-            kwargs={"url": url},
-            settings={"INSTALLED_APPS": ["django_tasklock"]},
-        ),
+        recipe=recipe,
         plant=plant,
         put_foreign=put_foreign,
         stored_keys=stored_keys,
         unreachable=lambda: RedisBackend(url="redis://127.0.0.1:1/0"),
+        skew_worker_clock=faketime_worker_clock(recipe),
     )
     # Only what this test wrote: its keys all carry its namespace.
     for stored in stored_keys():
