@@ -40,9 +40,17 @@ def test_unknown_database_alias_is_e006() -> None:
         assert ids(check_tasklock_settings()) == ["django_tasklock.E006"]
 
 
-def test_database_backend_without_the_app_is_e005() -> None:
-    with override_settings(INSTALLED_APPS=["django.contrib.contenttypes"]):
-        assert "django_tasklock.E005" in ids(check_tasklock_settings())
+def test_database_backend_without_the_app_raises_at_first_use_naming_installed_apps() -> None:
+    # No check reports this: without the app, nothing registers the checks.
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_tasklock import run_exclusive
+
+    with (
+        override_settings(INSTALLED_APPS=["django.contrib.contenttypes"]),
+        pytest.raises(ImproperlyConfigured, match="INSTALLED_APPS"),
+    ):
+        run_exclusive("no-app", lambda: None)
 
 
 @pytest.mark.parametrize(
