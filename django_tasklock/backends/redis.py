@@ -174,14 +174,16 @@ class RedisBackend(BaseBackend):
         """E002: redis-py (or, without a URL, django-redis) is missing; E003-E004: the cache."""
         from django_tasklock.conf import conf
 
-        needed = ("redis",) if conf.REDIS_URL else ("redis", "django_redis")
-        missing = [name for name in needed if not _importable(name)]
+        needed = {"redis": "redis-py"}
+        if not conf.REDIS_URL:
+            needed["django_redis"] = "django-redis"
+        missing = [package for module, package in needed.items() if not _importable(module)]
         errors: list[Any] = []
         if missing:
             errors.append(
                 checks.Error(
-                    "The Redis lock backend needs redis-py and django-redis; "
-                    f"{' and '.join(missing)} cannot be imported.",
+                    f"The Redis lock backend needs {' and '.join(missing)}, which cannot be "
+                    "imported: the [redis] extra is not installed.",
                     hint=f"Install the [redis] extra: {INSTALL_HINT}.",
                     id="django_tasklock.E002",
                 )
