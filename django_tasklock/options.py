@@ -125,10 +125,10 @@ def project_defaults(settings_value: Mapping[str, Any] | None = None) -> dict[st
         raise ImproperlyConfigured(
             f"TASKLOCK_DEFAULTS must be a dict of ttl, refresh_interval, max_lifetime ({exc})"
         ) from exc
-    unknown = set(project) - set(OPTION_NAMES)
+    unknown = sorted(set(project) - set(OPTION_NAMES), key=repr)
     if unknown:
         raise ImproperlyConfigured(
-            f"TASKLOCK_DEFAULTS has unknown keys {sorted(unknown)}; allowed: {OPTION_NAMES}"
+            f"TASKLOCK_DEFAULTS has unknown keys {unknown}; allowed: {OPTION_NAMES}"
         )
     resolved: dict[str, timedelta] = {}
     try:

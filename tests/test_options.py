@@ -94,6 +94,7 @@ BAD_DEFAULTS: list[Any] = [
     {"max_lifetime": 10**6},
     {"max_lifetime": 1e-7},
     {"tll": 5},
+    {5: 5, "ttl": 60},
     ["ttl"],
 ]
 
