@@ -45,6 +45,7 @@ from django_tasklock.backends.db_connections import (
     in_test_transaction,
     is_key_conflict,
 )
+from django_tasklock.backends.retries import retry_on_new_connection, retry_when_busy
 from django_tasklock.conf import conf
 from django_tasklock.exceptions import TaskLockError
 
@@ -101,6 +102,7 @@ class DatabaseBackend(BaseBackend):
 
     # -- the contract ------------------------------------------------------
 
+    @retry_when_busy
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         model, alias, stored = self._model(), alias_for_writing(self.using), storage_key(key)
         for _ in range(_ACQUIRE_ATTEMPTS):
@@ -140,6 +142,7 @@ class DatabaseBackend(BaseBackend):
         # The key changed hands at every attempt: it was held each time we asked.
         return False
 
+    @retry_when_busy
     def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         stored = storage_key(key)
         if (stored, token) in self._test_leases:
@@ -160,6 +163,8 @@ class DatabaseBackend(BaseBackend):
             raise
         return updated == 1
 
+    @retry_on_new_connection
+    @retry_when_busy
     def release(self, key: str, token: str) -> bool:
         with self._test_leases_lock:
             self._test_leases.discard((storage_key(key), token))
@@ -171,6 +176,8 @@ class DatabaseBackend(BaseBackend):
         ours._raw_delete(alias)
         return False
 
+    @retry_on_new_connection
+    @retry_when_busy
     def force_release(self, key: str) -> bool:
         alias = alias_for_writing(self.using)
         return bool(
@@ -184,6 +191,7 @@ class DatabaseBackend(BaseBackend):
     def list(self) -> list[HeldLock]:
         return [_held(row) for row in self._live().order_by("key")]
 
+    @retry_when_busy
     def clear_stale(self, *, dry_run: bool = False) -> int:
         alias = alias_for_writing(self.using)
         stale = self._stale(alias)
