@@ -155,19 +155,26 @@ def private_redis(*extra: str) -> Iterator[PrivateRedis]:
         server.stop()
 
 
-@contextlib.contextmanager
-def pgbouncer(target_port: int, *, mode: str = "transaction") -> Iterator[int]:
-    """PgBouncer in ``mode`` pooling in front of 127.0.0.1:``target_port``; yields its port."""
-    binary = require_binary(shutil.which("pgbouncer") or "/usr/sbin/pgbouncer", "pgbouncer")
+def pgbouncer_binary() -> str | None:
+    return shutil.which("pgbouncer") or (
+        "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
+    )
+
+
+def start_pgbouncer(
+    target_host: str, target_port: int, *, mode: str = "transaction"
+) -> tuple[int, Callable[[], None]]:
+    """PgBouncer in ``mode`` pooling in front of the server; returns its port and a stopper."""
+    binary = require_binary(pgbouncer_binary(), "pgbouncer")
     port, folder = free_port(), Path(tempfile.mkdtemp(prefix="tasklock-pgbouncer-"))
     (folder / "users.txt").write_text('"postgres" ""\n')
     (folder / "pgbouncer.ini").write_text(
         "[databases]\n"
-        f"* = host=127.0.0.1 port={target_port}\n"
+        f"* = host={target_host} port={target_port}\n"
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
         f"auth_type = trust\nauth_file = {folder / 'users.txt'}\n"
-        f"pool_mode = {mode}\nmax_client_conn = 200\ndefault_pool_size = 10\n"
+        f"pool_mode = {mode}\nmax_client_conn = 500\ndefault_pool_size = 20\n"
         "ignore_startup_parameters = extra_float_digits,options\n"
     )
     if os.geteuid() == 0:
@@ -179,10 +186,16 @@ def pgbouncer(target_port: int, *, mode: str = "transaction") -> Iterator[int]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+    def stop() -> None:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
+
     try:
         wait_for_port(port)
-        yield port
-    finally:
-        process.kill()
-        process.wait(10)
-        shutil.rmtree(folder, ignore_errors=True)
+    except TimeoutError:
+        stop()
+        raise
+    return port, stop
