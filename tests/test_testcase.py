@@ -40,3 +40,13 @@ def test_work_longer_than_a_refresh_is_not_lost_in_a_test_transaction(
     assert not result.lost
     assert caplog.text == ""
     assert backend.peek("in-test") is None
+
+
+def test_lease_is_released_at_once_in_the_test_transaction() -> None:
+    # The TestCase transaction never commits: waiting for it would hold the key for ever.
+    from django_tasklock.backends.memory import MemoryBackend
+
+    service = TaskLockService(MemoryBackend())
+    assert connections["default"].in_atomic_block
+    assert service.run_exclusive("in-test", lambda: None).acquired
+    assert service.peek("in-test") is None
