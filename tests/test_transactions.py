@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -17,7 +18,6 @@ from django_tasklock.backends.base import BaseBackend
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.db_connections import add_thread_connection
 from django_tasklock.backends.memory import MemoryBackend
-from django_tasklock.heartbeat import heartbeat
 from django_tasklock.models import CacheEntry
 from django_tasklock.service import TaskLockService, new_token
 from tests.conftest import require_service
@@ -84,9 +84,10 @@ def test_next_holder_waits_for_the_commit_and_sees_the_work(pg: str, key: str) -
     def first() -> None:
         with transaction.atomic(using=pg):
             seen["first"] = service.run_exclusive(
-                key, lambda: CacheEntry.objects.using(pg).create(
+                key,
+                lambda: CacheEntry.objects.using(pg).create(
                     key=effect, value="done", expires_at=Now(), created_at=Now()
-                )
+                ),
             ).acquired
             ran.set()
             may_commit.wait(10)
@@ -148,10 +149,16 @@ def test_lease_waits_for_the_callers_commit_whatever_the_backend(key: str) -> No
 def test_savepoint_rolled_back_releases_while_the_outer_transaction_goes_on(key: str) -> None:
     backend = MemoryBackend()
     service = TaskLockService(backend)
-    with transaction.atomic():
-        with pytest.raises(RuntimeError), transaction.atomic():
-            service.run_exclusive(key, lambda: None, ttl=LONG)
+
+    def work_rolled_back() -> None:
+        with transaction.atomic():
+            assert service.run_exclusive(key, lambda: None, ttl=LONG).acquired
+            assert backend.peek(key) is not None
             raise RuntimeError("roll the savepoint back")
+
+    with transaction.atomic():
+        with pytest.raises(RuntimeError):
+            work_rolled_back()
         assert _free_within(backend, key, 8)
 
 
@@ -210,7 +217,7 @@ def test_no_connection_outlives_close_old_connections_in_idle_threads(pg: str) -
         idle.wait(10)
         done.wait(10)
 
-    workers = [_in_thread(lambda n=n: worker(n)) for n in range(threads)]
+    workers = [_in_thread(functools.partial(worker, n)) for n in range(threads)]
     idle.wait(10)
     try:
         assert _backends_of_test_database(pg) <= before
@@ -220,12 +227,18 @@ def test_no_connection_outlives_close_old_connections_in_idle_threads(pg: str) -
             thread.join(10)
 
 
+def _pools() -> dict[str, Any]:
+    """Django's PostgreSQL connection pools, by alias."""
+    from django.db.backends.postgresql.base import DatabaseWrapper
+
+    pools: dict[str, Any] = DatabaseWrapper._connection_pools  # type: ignore[attr-defined]
+    return pools
+
+
 @pytest.fixture
 def pooled(pg: str) -> Iterator[str]:
     """A thread-only alias of the test database with Django's connection pool (psycopg_pool)."""
     pytest.importorskip("psycopg_pool")
-    from django.db.backends.postgresql.base import DatabaseWrapper
-
     settings_dict = dict(connections[pg].settings_dict)
     settings_dict["OPTIONS"] = {
         **settings_dict["OPTIONS"],
@@ -238,21 +251,20 @@ def pooled(pg: str) -> Iterator[str]:
         yield "pooled"
     finally:
         connections["pooled"].close()
-        for name in [name for name in DatabaseWrapper._connection_pools if "pooled" in name]:
-            DatabaseWrapper._connection_pools.pop(name).close()
+        for name in [name for name in _pools() if "pooled" in name]:
+            _pools().pop(name).close()
         del connections["pooled"]
 
 
 def test_a_pooled_database_gets_no_second_pool(pooled: str, pg: str) -> None:
-    from django.db.backends.postgresql.base import DatabaseWrapper
-
     backend = DatabaseBackend(using=pooled)
     token = new_token()
     with transaction.atomic(using=pooled):
         assert backend.acquire("pooled", token, ttl=LONG, max_lifetime=LIFE)
         assert backend.peek("pooled") is not None
     assert backend.release("pooled", token)
-    pools = {name: pool for name, pool in DatabaseWrapper._connection_pools.items()}
+    connections[pooled].close()  # back to the pool, as at the end of a request
+    pools = {name: pool for name, pool in _pools().items()}
     assert [name for name in pools if "pooled" in name] == ["pooled"]
     for name, pool in pools.items():
         if "pooled" in name:
