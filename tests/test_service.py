@@ -201,7 +201,7 @@ def test_a_forked_child_never_releases_its_parents_lease() -> None:
 
     backend = RedisBackend(url=settings.REDIS_URL)
     service = TaskLockService(backend)
-    lease = service._acquire("forked", lambda: None, 30, None, None, None)
+    lease = service._acquire(backend, "forked", new_token(), LockOptions.resolve(ttl=30))
     assert lease is not None
     try:
         pid = os.fork()
