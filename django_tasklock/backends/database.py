@@ -17,7 +17,6 @@ could delete a lease taken over in between.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from datetime import timedelta
@@ -46,6 +45,7 @@ from django_tasklock.backends.db_connections import (
     in_test_transaction,
     is_key_conflict,
 )
+from django_tasklock.backends.forksafe import ForkSafeLock
 from django_tasklock.conf import conf
 from django_tasklock.exceptions import TaskLockError
 
@@ -74,7 +74,7 @@ class DatabaseBackend(BaseBackend):
     def __init__(self, using: str = "default") -> None:
         self.using = using
         self._test_leases: set[tuple[str, str]] = set()
-        self._test_leases_lock = threading.Lock()
+        self._test_leases_lock = ForkSafeLock()
 
     @classmethod
     def from_settings(cls) -> DatabaseBackend:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -39,6 +38,7 @@ from django_tasklock.backends.base import (
     caller_key,
     storage_key,
 )
+from django_tasklock.backends.forksafe import ForkSafeLock
 
 _PRELUDE = """
 -- Lets Redis < 5 replicate writes made after the non-deterministic TIME.
@@ -143,7 +143,7 @@ class RedisBackend(BaseBackend):
         self._url = url
         self._cache_alias = cache_alias
         self._scripts: dict[str, Script] = {}
-        self._init_lock = threading.Lock()
+        self._init_lock = ForkSafeLock()
 
     @classmethod
     def from_settings(cls) -> RedisBackend:
