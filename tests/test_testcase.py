@@ -34,7 +34,7 @@ def test_work_longer_than_a_refresh_is_not_lost_in_a_test_transaction(
         return backend.peek("in-test") is not None
 
     with caplog.at_level(logging.WARNING, logger="django_tasklock"):
-        result = service.run_exclusive("in-test", work, ttl=0.6, refresh_interval=0.1)
+        result = service.run_exclusive("in-test", work, ttl=2, refresh_interval=0.1)
     assert result.acquired
     assert result.result is True
     assert not result.lost
