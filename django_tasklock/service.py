@@ -92,7 +92,9 @@ class TaskLockService:
         ``BaseException``, which then propagates unchanged). If the storage
         cannot be reached while acquiring, its error is raised: it is never
         reported as ``acquired=False``. A failed release is logged and leaves
-        the lease to expire; it never replaces ``fn``'s outcome.
+        the lease to expire; it never replaces ``fn``'s outcome. When ``fn`` ran
+        inside the caller's ``transaction.atomic()``, the lease is released when
+        that transaction commits or rolls back, so the next holder sees its work.
 
         Raises:
             TypeError, ValueError: bad arguments, naming the parameter; nothing is written.

@@ -17,18 +17,21 @@ it was opened for, whatever ``CONN_MAX_AGE`` says, so nothing is left for
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import Error, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import load_backend
 from django.utils.connection import ConnectionDoesNotExist
 
 from django_tasklock.exceptions import TaskLockError
+
+logger = logging.getLogger("django_tasklock")
 
 SIDE_SUFFIX = "__tasklock"
 
@@ -94,6 +97,10 @@ def alias_for_writing(using: str) -> Iterator[str]:
     finally:
         try:
             connections[side].close()
+        except Error:
+            # Already broken: dropping the wrapper drops the connection. The
+            # statements' outcome, not the farewell, is what the caller needs.
+            logger.debug("Closing the side connection to %r failed.", using, exc_info=True)
         finally:
             del connections[side]
 
