@@ -49,14 +49,8 @@ def release_after_transactions(lease: Lease, release: Callable[[Lease], None]) -
     Returns False when the caller is in no transaction that counts: then
     release now. True when the release was taken care of.
     """
-    counted = [
-        connection
-        for connection in connections.all(initialized_only=True)
-        if connection.in_atomic_block and not in_test_transaction(connection)
-    ]
-    if any(
-        _manual_transaction(connection) for connection in connections.all(initialized_only=True)
-    ):
+    touched = connections.all(initialized_only=True)
+    if any(_manual_transaction(connection) for connection in touched):
         heartbeat().remove(lease)
         logger.info(
             "Task lock %r is left to expire within its ttl: its work ran with autocommit off, "
@@ -64,6 +58,11 @@ def release_after_transactions(lease: Lease, release: Callable[[Lease], None]) -
             lease.key,
         )
         return True
+    counted = [
+        connection
+        for connection in touched
+        if connection.in_atomic_block and not in_test_transaction(connection)
+    ]
     if not counted:
         return False
     _PendingRelease(lease, release, counted)
