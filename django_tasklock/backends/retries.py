@@ -28,7 +28,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from django.db import Error, OperationalError, connections
+from django.db import Error, OperationalError
+
+from django_tasklock.backends.db_connections import connection_for
 
 #: How long, in all, a lock statement keeps retrying a busy SQLite database.
 BUSY_WAIT = 30.0
@@ -55,7 +57,7 @@ def retry_when_busy(method: Callable[..., R]) -> Callable[..., R]:
 
     @functools.wraps(method)
     def wrapper(self: _HasAlias, *args: Any, **kwargs: Any) -> R:
-        connection = connections[self.using]
+        connection = connection_for(self.using)
         if connection.vendor != "sqlite" or connection.in_atomic_block:
             return method(self, *args, **kwargs)
         deadline, pause = time.monotonic() + BUSY_WAIT, 0.002
@@ -79,7 +81,7 @@ def retry_on_new_connection(method: Callable[..., R]) -> Callable[..., R]:
         try:
             return method(self, *args, **kwargs)
         except Error:
-            connection = connections[self.using]
+            connection = connection_for(self.using)
             if connection.in_atomic_block or connection.connection is None:
                 raise
             if connection.is_usable():
