@@ -211,6 +211,15 @@ def test_release_noinput_does_not_ask(
     assert active_backend.backend.peek(key) is None
 
 
+def test_release_is_silent_at_verbosity_0(key: str) -> None:
+    with override_settings(TASKLOCK_BACKEND="memory"):
+        from django_tasklock.service import TaskLockService
+
+        hold(TaskLockService().backend, key)
+        assert run("release", key, "--noinput", verbosity=0) == ""
+        assert TaskLockService().peek(key) is None
+
+
 def test_release_of_a_key_not_held(active_backend: ContractBackend, key: str) -> None:
     with pytest.raises(CommandError, match=f"{key!r} is not held"):
         run("release", key, "--noinput")

@@ -137,8 +137,6 @@ class Command(BaseCommand):
         """Run a backend operation; a storage that cannot be reached is a CommandError."""
         try:
             return operation()
-        except CommandError:
-            raise
         except Exception as exc:
             raise CommandError(f"The lock backend failed: {type(exc).__name__}: {exc}") from exc
 
