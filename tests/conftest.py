@@ -204,3 +204,24 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
             "databases"
         ):
             item.add_marker(marker)
+
+
+@pytest.fixture
+def active_backend(any_backend: ContractBackend) -> Iterator[ContractBackend]:
+    """``any_backend``, made the one ``TASKLOCK_BACKEND`` chooses (for commands and the admin)."""
+    from django.test import override_settings
+
+    from django_tasklock import backends
+
+    if any_backend.name == "memory":
+        with override_settings(TASKLOCK_BACKEND="memory"):
+            backends._backend = any_backend.backend  # the very instance the test plants in
+            yield any_backend
+    elif any_backend.name == "redis":
+        with override_settings(TASKLOCK_BACKEND="redis", TASKLOCK_REDIS_URL=settings.REDIS_URL):
+            yield any_backend
+    else:
+        assert any_backend.recipe is not None
+        alias = any_backend.recipe.kwargs["using"]
+        with override_settings(TASKLOCK_BACKEND="database", TASKLOCK_DATABASE=alias):
+            yield any_backend
