@@ -18,13 +18,17 @@ from django_tasklock.testing import BackendRecipe, ContractBackend
 from tests import services
 
 #: Every database alias the suite runs against.
-DATABASE_ALIASES = ["default", *(["postgres"] if "postgres" in settings.DATABASES else [])]
-BACKENDS = ["sqlite", "postgres", "redis", "memory"]
+DATABASE_ALIASES = [
+    "default",
+    *(name for name in ("postgres", "mariadb") if name in settings.DATABASES),
+]
+BACKENDS = ["sqlite", "postgres", "mariadb", "redis", "memory"]
 
 
 def pytest_report_header() -> list[str]:
     return [
         f"tasklock services: postgres={'yes' if settings.POSTGRES_URL else 'no'}, "
+        f"mariadb={'yes' if settings.MARIADB_URL else 'no'}, "
         f"redis={'yes' if settings.REDIS_URL else 'no'}"
     ]
 
@@ -147,6 +151,9 @@ def any_backend(request: pytest.FixtureRequest, key: str) -> Iterator[ContractBa
     elif name == "postgres":
         require_service("postgres")
         yield database_backend("postgres")
+    elif name == "mariadb":
+        require_service("mariadb")
+        yield database_backend("mariadb")
     elif name == "redis":
         require_service("redis")
         yield from redis_backend(key)

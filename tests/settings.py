@@ -32,6 +32,13 @@ if POSTGRES_URL:
         "TEST": {"NAME": f"test_tasklock_{os.getpid()}"},
     }
 
+MARIADB_URL = services.service_url("mariadb", services.MARIADB_ENV)
+if MARIADB_URL:
+    DATABASES["mariadb"] = {
+        **services.mariadb_settings(MARIADB_URL),
+        "TEST": {"NAME": f"test_tasklock_{os.getpid()}"},
+    }
+
 REDIS_URL = services.service_url("redis", services.REDIS_ENV)
 CACHES: dict[str, Any] = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 if REDIS_URL:

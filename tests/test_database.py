@@ -26,10 +26,10 @@ pytestmark = pytest.mark.databases
 LONG, LIFE = timedelta(seconds=30), timedelta(hours=1)
 
 
-@pytest.fixture(params=["default", "postgres"], ids=["sqlite", "postgres"])
+@pytest.fixture(params=["default", "postgres", "mariadb"], ids=["sqlite", "postgres", "mariadb"])
 def alias(request: pytest.FixtureRequest) -> str:
     if request.param not in DATABASE_ALIASES:
-        require_service("postgres")
+        require_service(request.param)
     return str(request.param)
 
 
