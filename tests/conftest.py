@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import connections
-from django.db.models.functions import Now
 
 from django_tasklock.backends import reset_backend
 from django_tasklock.backends.base import caller_key, storage_key
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.db_connections import add_thread_connection
+from django_tasklock.backends.db_functions import UtcNow
 from django_tasklock.testing import BackendRecipe, ContractBackend
 from tests import services
 
@@ -45,7 +45,10 @@ def database_backend(alias: str) -> ContractBackend:
 
     def plant(stored: str, value: str, created_ago: timedelta, expires_in: timedelta) -> None:
         rows.create(
-            key=stored, value=value, created_at=Now() - created_ago, expires_at=Now() + expires_in
+            key=stored,
+            value=value,
+            created_at=UtcNow() - created_ago,
+            expires_at=UtcNow() + expires_in,
         )
 
     def put_foreign(stored: str) -> None:
