@@ -78,11 +78,11 @@ def test_uncontended_run_is_one_insert_and_one_delete_on_postgres() -> None:
     assert all("cache_entries" in text for text in sent)
 
 
-@pytest.fixture
-def server_alias() -> str:
-    """A database with a server (PostgreSQL): the one where a side connection works."""
-    require_service("postgres")
-    return "postgres"
+@pytest.fixture(params=["postgres", "mariadb"])
+def server_alias(request: pytest.FixtureRequest) -> str:
+    """A database with a server (PostgreSQL, MariaDB): where a side connection works."""
+    require_service(request.param)
+    return str(request.param)
 
 
 def test_lock_inside_a_transaction_is_visible_at_once_and_survives_rollback(
