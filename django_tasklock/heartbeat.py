@@ -9,6 +9,14 @@ lets go of its connections whenever it has nothing to keep alive.
 A lease stops being refreshed when it is released, found lost, or reaches
 ``max_lifetime`` (then a warning is logged and the lease allowed to expire; the
 backend caps it on the storage side as well).
+
+A lease whose release waits for the caller's transaction (see
+``transactions``) stays here, still refreshed, and is looked at every
+``WATCH_INTERVAL`` seconds to notice a rollback, which nothing else announces.
+
+Local deadlines are read off :func:`clock`, which keeps counting while the
+machine is suspended (``CLOCK_BOOTTIME`` on Linux): after a resume, a lease
+whose ttl passed during the sleep is known to be lost, not "retried".
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from django_tasklock.signals import lock_lost
 
@@ -33,6 +41,27 @@ logger = logging.getLogger("django_tasklock")
 
 # Closed leases tolerated in the heap before it is compacted.
 _COMPACT_AFTER = 64
+#: Seconds between two looks at a lease waiting for its caller's transaction.
+WATCH_INTERVAL = 0.5
+
+if hasattr(time, "CLOCK_BOOTTIME"):
+
+    def clock() -> float:
+        """Seconds on a clock that also counts time spent suspended (Linux)."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+else:  # pragma: no cover - not Linux: monotonic is the best there is
+
+    def clock() -> float:
+        """Seconds on the monotonic clock."""
+        return time.monotonic()
+
+
+class PendingRelease(Protocol):
+    """A release waiting for the caller's transactions to end."""
+
+    def settle(self) -> bool:
+        """Release the lease if they have all ended; True once it is released."""
 
 
 class Lease:
@@ -48,7 +77,7 @@ class Lease:
         *,
         asked_at: float,
     ) -> None:
-        """``asked_at``: ``time.monotonic()`` just before the acquisition was sent.
+        """``asked_at``: :func:`clock` just before the acquisition was sent.
 
         The storage dated the lease after that instant, so every local time
         derived from it (the deadline, when the lease is surely valid until)
@@ -65,6 +94,8 @@ class Lease:
         #: Until when the lease is known to be live, by the last confirmation.
         self.valid_until = asked_at + min(options.ttl, options.max_lifetime).total_seconds()
         self.closed = False
+        #: Set while the release waits for the caller's transaction to end.
+        self.pending: PendingRelease | None = None
         self._lost = False
         self._lost_lock = threading.Lock()
 
@@ -87,6 +118,12 @@ class Lease:
             self.holder,
         )
         self.announce(lock_lost)
+
+    def wake_at(self) -> float:
+        """When the heartbeat should next look at this lease."""
+        if self.pending is None:
+            return self.next_due
+        return min(self.next_due, clock() + WATCH_INTERVAL)
 
     def announce(self, signal: Signal) -> None:
         """Send ``signal`` about this lease; a failing receiver is logged, never raised.
@@ -156,6 +193,18 @@ class Heartbeat:
                 if not self._heap:
                     self._cond.notify()  # going idle: let the thread close its connections
 
+    def watch(self, lease: Lease, pending: PendingRelease) -> None:
+        """Keep ``lease`` alive until ``pending`` settles it, looking at it often."""
+        with self._cond:
+            lease.pending = pending
+            soon = lease.wake_at()
+            for index, (when, seq, queued) in enumerate(self._heap):
+                if queued is lease and when > soon:
+                    self._heap[index] = (soon, seq, queued)
+                    heapq.heapify(self._heap)
+                    self._cond.notify()
+                    break
+
     def _after_fork(self) -> None:
         # The child has no heartbeat thread, and the parent's leases are the
         # parent's to keep alive; the condition may have been held mid-fork.
@@ -174,7 +223,7 @@ class Heartbeat:
                         return idle
                     self._cond.wait()
                     continue
-                due = self._heap[0][0] - time.monotonic()
+                due = self._heap[0][0] - clock()
                 if due <= 0:
                     return heapq.heappop(self._heap)[2]
                 self._cond.wait(due)
@@ -196,16 +245,21 @@ class Heartbeat:
             except BaseException:  # even SystemExit from a receiver: the thread must go on
                 logger.exception("The django-tasklock heartbeat failed on %r.", due.key)
                 interval = due.options.refresh_interval.total_seconds()
-                due.next_due = max(due.next_due, time.monotonic() + interval)
+                due.next_due = max(due.next_due, clock() + interval)
                 again = True
             if again:
                 with self._cond:
                     if not due.closed:
-                        heapq.heappush(self._heap, (due.next_due, next(self._seq), due))
+                        heapq.heappush(self._heap, (due.wake_at(), next(self._seq), due))
 
     def _beat(self, lease: Lease) -> bool:
         """Refresh ``lease`` once. True if it should be refreshed again."""
-        now = time.monotonic()
+        now = clock()
+        if lease.pending is not None:
+            if lease.pending.settle():
+                return False  # the caller's transaction ended: released
+            if now < lease.next_due:
+                return True  # only a look: no refresh due yet
         if now >= lease.deadline:
             logger.warning(
                 "Task lock %r reached its max_lifetime of %s: no longer refreshed, the lease "
@@ -226,7 +280,7 @@ class Heartbeat:
         except Exception:
             if lease.closed:
                 return False
-            if time.monotonic() > lease.valid_until:
+            if clock() > lease.valid_until:
                 logger.warning("Refreshing task lock %r failed.", lease.key, exc_info=True)
                 lease.report_lost("no refresh succeeded before the lease ran out")
                 return False

@@ -19,8 +19,9 @@ from tests import services
 
 #: Every database alias the suite runs against.
 DATABASE_ALIASES = [
-    "default",
-    *(name for name in ("postgres", "mariadb") if name in settings.DATABASES),
+    alias
+    for alias in ("default", "postgres", "pgbouncer", "mariadb")
+    if alias in settings.DATABASES
 ]
 BACKENDS = ["sqlite", "postgres", "mariadb", "redis", "memory"]
 
@@ -162,6 +163,14 @@ def any_backend(request: pytest.FixtureRequest, key: str) -> Iterator[ContractBa
         yield from redis_backend(key)
     else:
         yield memory_backend()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _pgbouncer_lets_go(django_db_setup: None) -> Iterator[None]:
+    """Stop PgBouncer before the test databases are dropped: it holds connections to them."""
+    yield
+    if "pgbouncer" in services.stoppers:
+        services.stoppers["pgbouncer"]()
 
 
 @pytest.fixture(autouse=True)

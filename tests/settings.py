@@ -31,6 +31,9 @@ if POSTGRES_URL:
         # One test database per run, so that runs side by side (tox) don't collide.
         "TEST": {"NAME": f"test_tasklock_{os.getpid()}"},
     }
+    PGBOUNCER = services.pgbouncer_settings(services.postgres_settings(POSTGRES_URL))
+    if PGBOUNCER is not None:
+        DATABASES["pgbouncer"] = PGBOUNCER
 
 MARIADB_URL = services.service_url("mariadb", services.MARIADB_ENV)
 if MARIADB_URL:
