@@ -9,25 +9,28 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import connections
-from django.db.models.functions import Now
 
 from django_tasklock.backends import reset_backend
 from django_tasklock.backends.base import caller_key, storage_key
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.db_connections import add_thread_connection
+from django_tasklock.backends.db_functions import UtcNow
 from django_tasklock.testing import BackendRecipe, ContractBackend, faketime_worker_clock
 from tests import services
 
 #: Every database alias the suite runs against.
 DATABASE_ALIASES = [
-    alias for alias in ("default", "postgres", "pgbouncer") if alias in settings.DATABASES
+    alias
+    for alias in ("default", "postgres", "pgbouncer", "mariadb")
+    if alias in settings.DATABASES
 ]
-BACKENDS = ["sqlite", "postgres", "redis", "memory"]
+BACKENDS = ["sqlite", "postgres", "mariadb", "redis", "memory"]
 
 
 def pytest_report_header() -> list[str]:
     return [
         f"tasklock services: postgres={'yes' if settings.POSTGRES_URL else 'no'}, "
+        f"mariadb={'yes' if settings.MARIADB_URL else 'no'}, "
         f"redis={'yes' if settings.REDIS_URL else 'no'}"
     ]
 
@@ -55,7 +58,10 @@ def database_backend(alias: str) -> ContractBackend:
 
     def plant(stored: str, value: str, created_ago: timedelta, expires_in: timedelta) -> None:
         rows.create(
-            key=stored, value=value, created_at=Now() - created_ago, expires_at=Now() + expires_in
+            key=stored,
+            value=value,
+            created_at=UtcNow() - created_ago,
+            expires_at=UtcNow() + expires_in,
         )
 
     def put_foreign(stored: str) -> None:
@@ -165,6 +171,9 @@ def any_backend(request: pytest.FixtureRequest, key: str) -> Iterator[ContractBa
     elif name == "postgres":
         require_service("postgres")
         yield database_backend("postgres")
+    elif name == "mariadb":
+        require_service("mariadb")
+        yield database_backend("mariadb")
     elif name == "redis":
         require_service("redis")
         yield from redis_backend(key)

@@ -49,15 +49,36 @@ class OperationCases:
             require(contract_backend, "stored_keys"),
         )
         backend = contract_backend.backend
-        foreign = {f"cache:{key}", f"task-lock{key}", key}
+        # The prefix is matched case-sensitively (SQLite's LIKE is not).
+        foreign = {f"cache:{key}", f"task-lock{key}", key, f"TASK-LOCK:{key}"}
         for stored in foreign:
             put_foreign(stored)
+        if contract_backend.plant is not None:
+            # A live row that looks like a lease but for the case of its prefix.
+            foreign.add(f"Task-Lock:{key}")
+            contract_backend.plant(f"Task-Lock:{key}", new_token(), timedelta(0), LONG)
         backend.acquire(key, new_token(), ttl=timedelta(seconds=0.2), max_lifetime=LIFE)
         time.sleep(0.3)
         backend.clear_stale()
         assert not backend.force_release(f"../{key}")
         assert all(held.key != key for held in backend.list())
         assert foreign <= stored_keys()
+
+    def test_keys_compare_byte_for_byte(self, backend: BaseBackend, key: str) -> None:
+        # Case, trailing spaces and accents make different keys, whatever a
+        # database's default collation would fold.
+        keys = sorted(
+            f"{key}-{each}" for each in ("Report", "report", "report ", "résumé", "resume")
+        )
+        tokens = {each: new_token() for each in keys}
+        for each in keys:
+            assert backend.acquire(each, tokens[each], ttl=LONG, max_lifetime=LIFE), each
+        assert sorted(held.key for held in backend.list() if held.key.startswith(key)) == keys
+        for each in keys:
+            held = backend.peek(each)
+            assert held is not None
+            assert held.key == each
+            assert backend.release(each, tokens[each]), each
 
     # -- operating: peek, list, clear_stale ----------------------------------------------
 
