@@ -1,8 +1,8 @@
 """Processes that race for one key many times, recording when each held it.
 
 Each critical section is timed by the *storage's* clock where there is one
-(PostgreSQL's ``clock_timestamp()``, Redis's ``TIME``; SQLite's clock is the
-host's): the entry is read after the lock was granted and the exit before it
+(PostgreSQL's ``clock_timestamp()``, MySQL's ``SYSDATE(6)``, Redis's ``TIME``;
+SQLite's clock is the host's): the entry is read after the lock was granted and the exit before it
 is released, so each recorded interval lies inside a real holding interval,
 and any two that overlap prove two holders at once.
 """
@@ -20,6 +20,10 @@ from typing import Any
 from django_tasklock.testing import BackendRecipe
 
 Interval = tuple[float, float]
+_SERVER_TIME = {
+    "postgresql": "SELECT EXTRACT(EPOCH FROM clock_timestamp())",
+    "mysql": "SELECT UNIX_TIMESTAMP(SYSDATE(6))",  # SYSDATE: now, not the statement's start
+}
 _NOT_DURABLE = {"sqlite": "PRAGMA synchronous = OFF", "postgresql": "SET synchronous_commit = off"}
 
 
@@ -35,17 +39,17 @@ def storage_clock(kind: str, recipe: BackendRecipe) -> Callable[[], float]:
             return seconds + micros / 1e6
 
         return redis_time
-    if kind == "postgresql":
+    if kind in _SERVER_TIME:
         from django.db import connections
 
-        alias = recipe.kwargs.get("using", "default")
+        alias, query = recipe.kwargs.get("using", "default"), _SERVER_TIME[kind]
 
-        def pg_time() -> float:
+        def server_time() -> float:
             with connections[alias].cursor() as cursor:
-                cursor.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())")
+                cursor.execute(query)
                 return float(cursor.fetchone()[0])
 
-        return pg_time
+        return server_time
     return time.time  # SQLite: the host's clock is the storage's
 
 

@@ -1,4 +1,4 @@
-"""Lock statements retried where retrying is safe: a busy SQLite, a dead connection.
+"""Lock statements retried where retrying is safe: a busy database, a dead connection.
 
 Every statement the database backend sends is one autocommit statement that
 either ran whole or not at all, and is bound to the caller's key and token, so
@@ -11,6 +11,11 @@ fails with ``database is locked``; under a few busy writers on a loaded host
 that happens although nothing is wrong. A busy failure is retried, for up
 to :data:`BUSY_WAIT` in all, before the error is raised as the real error it
 then is (never as "held").
+
+**A deadlock on MySQL/MariaDB.** InnoDB may pick one of two statements on
+the same index range as a deadlock victim (error 1213) or give up waiting
+for a row lock (1205); in autocommit that statement was rolled back whole,
+and it is retried the same way.
 
 **A dead connection.** After a database restart or a killed backend, the
 first statement on a thread's old connection fails. A release that fails so
@@ -32,10 +37,12 @@ from django.db import Error, OperationalError
 
 from django_tasklock.backends.db_connections import connection_for
 
-#: How long, in all, a lock statement keeps retrying a busy SQLite database.
+#: How long, in all, a lock statement keeps retrying a busy database.
 BUSY_WAIT = 30.0
 # SQLITE_BUSY and its extended codes (RECOVERY, SNAPSHOT, TIMEOUT); SQLITE_LOCKED.
 _BUSY_CODES = {5, 6, 261, 517, 773}
+# MySQL/MariaDB: ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT.
+_MYSQL_BUSY_CODES = {1213, 1205}
 
 R = TypeVar("R")
 
@@ -44,8 +51,11 @@ class _HasAlias(Protocol):
     using: str
 
 
-def is_busy(exc: BaseException) -> bool:
+def is_busy(exc: BaseException, vendor: str) -> bool:
     cause = exc.__cause__
+    if vendor == "mysql":
+        args: tuple[object, ...] = getattr(cause, "args", ())
+        return bool(args) and args[0] in _MYSQL_BUSY_CODES
     code = getattr(cause, "sqlite_errorcode", None)
     if code is not None:
         return code in _BUSY_CODES
@@ -53,19 +63,22 @@ def is_busy(exc: BaseException) -> bool:
 
 
 def retry_when_busy(method: Callable[..., R]) -> Callable[..., R]:
-    """Retry ``method`` while SQLite (outside a transaction) says the database is locked."""
+    """Retry ``method`` while SQLite says the database is locked, or MySQL says deadlock.
+
+    Only outside a transaction, where the failed statement was rolled back alone.
+    """
 
     @functools.wraps(method)
     def wrapper(self: _HasAlias, *args: Any, **kwargs: Any) -> R:
         connection = connection_for(self.using)
-        if connection.vendor != "sqlite" or connection.in_atomic_block:
+        if connection.vendor not in {"sqlite", "mysql"} or connection.in_atomic_block:
             return method(self, *args, **kwargs)
         deadline, pause = time.monotonic() + BUSY_WAIT, 0.002
         while True:
             try:
                 return method(self, *args, **kwargs)
             except OperationalError as exc:
-                if not is_busy(exc) or time.monotonic() + pause > deadline:
+                if not is_busy(exc, connection.vendor) or time.monotonic() + pause > deadline:
                     raise
             time.sleep(pause * random.uniform(0.5, 1.5))
             pause = min(pause * 2, 0.1)
