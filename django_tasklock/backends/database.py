@@ -69,6 +69,9 @@ class DatabaseBackend(BaseBackend):
     alone: keep work under a ``TestCase`` shorter than its ``ttl``.
     """
 
+    #: Databases whose fence is one upsert statement (the others: a transaction).
+    single_statement_fence_vendors: tuple[str, ...] = ("postgresql", "sqlite")
+
     def __init__(self, using: str = "default") -> None:
         self.using = using
         self._test_leases: set[tuple[str, str]] = set()
@@ -193,7 +196,7 @@ class DatabaseBackend(BaseBackend):
             .filter(created_at__gt=Now() - STALE_AFTER)
         )
         connection = connections[alias]
-        if connection.vendor not in ("postgresql", "sqlite"):
+        if connection.vendor not in self.single_statement_fence_vendors:
             return _fence_in_transaction(alias, key, held)
         from django_tasklock.models import FenceCounter
 
