@@ -12,12 +12,10 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Coroutine
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
-from asgiref.sync import sync_to_async
-
+from django_tasklock.aio import keep, off_loop
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, Holder
 from django_tasklock.exceptions import LockNotAcquired
@@ -40,18 +38,6 @@ if TYPE_CHECKING:
     from django_tasklock.options import LockKwargs
 
 logger = logging.getLogger("django_tasklock")
-
-T = TypeVar("T")
-
-#: Tasks that must finish even if whoever started them is cancelled.
-_background: set[asyncio.Future[Any]] = set()
-
-
-def _keep(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
-    task = asyncio.ensure_future(coro)
-    _background.add(task)
-    task.add_done_callback(_background.discard)
-    return task
 
 
 class Lock:
@@ -179,7 +165,7 @@ class Lock:
         backoff = Backoff(self.wait)
         look_first = False
         while True:
-            attempt = asyncio.ensure_future(_off_loop(self._try_once)(backend, look_first))
+            attempt = asyncio.ensure_future(off_loop(self._try_once)(backend, look_first))
             try:
                 acquired, seconds_left = await asyncio.shield(attempt)
             except asyncio.CancelledError:
@@ -195,7 +181,7 @@ class Lock:
 
     async def arelease(self) -> None:
         """:meth:`release` off the event loop; it completes even if the caller is cancelled."""
-        await asyncio.shield(_keep(_off_loop(self.release)()))
+        await asyncio.shield(keep(off_loop(self.release)()))
 
     async def __aenter__(self) -> Lock:
         return await self.aacquire()
@@ -296,7 +282,7 @@ class Lock:
         if attempt.cancelled() or attempt.exception() is not None:
             return
         if attempt.result()[0]:
-            _keep(_off_loop(self.release)())
+            keep(off_loop(self.release)())
 
 
 def _discard(backend: BaseBackend, key: str, token: str) -> None:
@@ -305,15 +291,3 @@ def _discard(backend: BaseBackend, key: str, token: str) -> None:
         backend.release(key, token)
     except Exception:
         logger.warning("Releasing task lock %r failed.", key, exc_info=True)
-
-
-def _off_loop(fn: Any) -> Any:
-    """``fn`` run in a worker thread, the one Django's own async ORM calls use.
-
-    ``thread_sensitive=True`` runs it where ``sync_to_async`` runs Django's
-    ORM (the request's thread under ASGI, else one shared thread), so the
-    database backend uses the connection Django manages there and closes by
-    its usual rules (``CONN_MAX_AGE``, ``close_old_connections``), never a
-    connection per pool thread that nothing would close.
-    """
-    return sync_to_async(fn, thread_sensitive=True)
