@@ -83,6 +83,17 @@ class FencingCases:
         assert backend.fence(key, other) is None  # released
         assert self._grant(backend, key)[1] > fence
 
+    def test_a_holder_fencing_after_its_successor_gets_nothing(
+        self, backend: BaseBackend, key: str
+    ) -> None:
+        paused = new_token()  # acquired, then paused before asking for its fence
+        assert backend.acquire(key, paused, ttl=timedelta(seconds=0.2), max_lifetime=LIFE)
+        time.sleep(0.3)
+        token, successor = self._grant(backend, key)
+        assert backend.fence(key, paused) is None
+        assert backend.release(key, token)
+        assert self._grant(backend, key)[1] > successor
+
     def test_stale_holders_fenced_write_is_rejected(
         self, contract_backend: ContractBackend, service: TaskLockService, key: str
     ) -> None:
