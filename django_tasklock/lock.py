@@ -229,15 +229,20 @@ class Lock:
             self.options,
             asked_at=time.monotonic(),
         )
-        if not backend.acquire(
-            self.key, token, ttl=self.options.ttl, max_lifetime=self.options.max_lifetime
-        ):
-            return False
+        # The token exists before the request goes out: interrupted before we
+        # learn whether the lease was granted (KeyboardInterrupt), or failing
+        # to fence it, we release by the token, which deletes nothing if the
+        # lease was not granted.
         try:
-            fence = backend.fence(self.key, token) if self.fencing else None
+            granted = backend.acquire(
+                self.key, token, ttl=self.options.ttl, max_lifetime=self.options.max_lifetime
+            )
+            fence = backend.fence(self.key, token) if granted and self.fencing else None
         except BaseException:
             _discard(backend, self.key, token)
             raise
+        if not granted:
+            return False
         if self.fencing and fence is None:
             # Expired before it was fenced: not a grant. Clear our row if left.
             _discard(backend, self.key, token)
@@ -257,7 +262,12 @@ class Lock:
     def _end(self, lease: Lease) -> None:
         if lease.pid != os.getpid():
             return  # a forked child leaving the work: the lease is its parent's
-        heartbeat().remove(lease)
+        try:
+            heartbeat().remove(lease)
+        finally:  # even interrupted here, the lease is released
+            self._send_release(lease)
+
+    def _send_release(self, lease: Lease) -> None:
         try:
             if self.min_hold is None:
                 released = lease.backend.release(lease.key, lease.token)
@@ -286,8 +296,8 @@ class Lock:
 
 
 def _discard(backend: BaseBackend, key: str, token: str) -> None:
-    """Delete a lease we will not hand out; if that fails, it expires by itself."""
+    """Delete a lease we will not hand out (if granted); if that fails, it expires by itself."""
     try:
         backend.release(key, token)
     except Exception:
-        logger.warning("Releasing task lock %r failed.", key, exc_info=True)
+        logger.debug("Releasing %r after an unfinished acquisition failed.", key, exc_info=True)

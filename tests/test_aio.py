@@ -127,7 +127,7 @@ def test_the_loop_is_never_blocked(networked: ContractBackend, key: str) -> None
     backend = networked.backend
     service = TaskLockService(backend)
 
-    async def main() -> float:
+    async def main() -> list[float]:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         late: list[float] = []
@@ -150,8 +150,13 @@ def test_the_loop_is_never_blocked(networked: ContractBackend, key: str) -> None
             stop.set()
             await ticking
             await sync_to_async(backend.close)()
-        return max(late)
+        return sorted(late)
 
     started = time.monotonic()
-    assert asyncio.run(main()) < 0.05
+    late = asyncio.run(main())
     assert time.monotonic() - started >= 1.0
+    # Anything run on the loop (a time.sleep between polls, a storage call)
+    # would make ticks late by its length. One tick may be late because the
+    # machine's CPUs are busy elsewhere, never by much.
+    assert late[-2] < 0.05, late[-5:]
+    assert late[-1] < 0.2, late[-5:]

@@ -236,3 +236,21 @@ def test_waiters_in_threads_each_get_their_turn(service: TaskLockService) -> Non
     for thread in threads:
         thread.join()
     assert sorted(order) == [0, 1, 2, 3, 4]
+
+
+def test_an_interrupt_inside_the_acquisition_releases_what_it_granted() -> None:
+    class GrantsThenInterrupted(MemoryBackend):
+        """The storage grants the lease, then Ctrl-C arrives before the caller knows."""
+
+        def acquire(
+            self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta
+        ) -> bool:
+            assert super().acquire(key, token, ttl=ttl, max_lifetime=max_lifetime)
+            raise KeyboardInterrupt
+
+    backend = GrantsThenInterrupted()
+    ran: list[bool] = []
+    with pytest.raises(KeyboardInterrupt):
+        TaskLockService(backend).run_exclusive("granted", lambda: ran.append(True))
+    assert ran == []
+    assert backend.list() == []
