@@ -78,13 +78,14 @@ def _names_missing_table(method: Callable[_P, _R]) -> Callable[_P, _R]:
         except DatabaseError as exc:
             using = args[0].using  # type: ignore[attr-defined]  # the backend
             text = str(exc).lower()
-            table = "cache_entries"  # CacheEntry's db_table
-            if table in text and any(words in text for words in _NO_TABLE):
-                option = "" if using == "default" else f" --database {using}"
-                raise ImproperlyConfigured(
-                    f"The {table} table of django-tasklock is missing from the database "
-                    f"{using!r}: run `python manage.py migrate django_tasklock{option}`."
-                ) from exc
+            # CacheEntry's and FenceCounter's tables (the latter since migration 0002).
+            for table in ("cache_entries", "tasklock_fences"):
+                if table in text and any(words in text for words in _NO_TABLE):
+                    option = "" if using == "default" else f" --database {using}"
+                    raise ImproperlyConfigured(
+                        f"The {table} table of django-tasklock is missing from the database "
+                        f"{using!r}: run `python manage.py migrate django_tasklock{option}`."
+                    ) from exc
             raise
 
     return wrapper
