@@ -113,3 +113,19 @@ def test_fencing_before_migrating_the_fence_table_says_to_migrate(tmp_path: Path
         assert service.peek("k") is None  # the lease is not left behind
     finally:
         connections["older"].close()
+
+
+def test_an_older_sqlite_gets_the_portable_fence(monkeypatch: pytest.MonkeyPatch) -> None:
+    # SQLite before 3.35 has no RETURNING; the version is the one thing faked.
+    from django.db import connections
+
+    from django_tasklock.backends.db_fences import upsert_returns
+
+    sqlite = connections["default"]
+    module = sqlite.Database  # type: ignore[attr-defined]  # the DB-API module
+    assert upsert_returns(sqlite) == (module.sqlite_version_info >= (3, 35))
+    monkeypatch.setattr(module, "sqlite_version_info", (3, 31, 1))
+    assert not upsert_returns(sqlite)
+    service = TaskLockService(DatabaseBackend(using="default"))
+    fences = [service.run_exclusive("old-sqlite", lambda: None, fencing=True).fence for _ in "ab"]
+    assert fences == [1, 2]

@@ -49,7 +49,11 @@ from django_tasklock.backends.db_connections import (
     in_test_transaction,
     is_key_conflict,
 )
-from django_tasklock.backends.db_fences import next_fence_in_transaction, next_fence_upsert
+from django_tasklock.backends.db_fences import (
+    next_fence_in_transaction,
+    next_fence_upsert,
+    upsert_returns,
+)
 from django_tasklock.conf import conf
 from django_tasklock.exceptions import TaskLockError
 
@@ -233,7 +237,8 @@ class DatabaseBackend(BaseBackend):
             .filter(key=storage_key(key), value=token, expires_at__gt=Now())
             .filter(created_at__gt=Now() - STALE_AFTER)
         )
-        if connections[alias].vendor in self.single_statement_fence_vendors:
+        connection = connections[alias]
+        if connection.vendor in self.single_statement_fence_vendors and upsert_returns(connection):
             return next_fence_upsert(alias, key, held)
         return next_fence_in_transaction(alias, key, held)
 
