@@ -106,11 +106,13 @@ class TaskLockService:
         that transaction commits or rolls back, so the next holder sees its work.
 
         Raises:
-            TypeError, ValueError: bad arguments, naming the parameter; nothing is written.
+            TypeError, ValueError: bad arguments, naming the parameter; nothing is written
+                (a coroutine function for ``fn`` or ``on_locked`` names ``arun_exclusive``).
+            ImproperlyConfigured: ``TASKLOCK_DEFAULTS`` is invalid.
         """
         validate_key(key)
         validate_sync_callable("fn", fn, twin="arun_exclusive")
-        validate_callable("on_locked", on_locked, optional=True)
+        validate_sync_callable("on_locked", on_locked, twin="arun_exclusive", optional=True)
         lock = self.lock(key, **options)
         acquired, result = False, None
         try:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -8,25 +9,28 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import connections
-from django.db.models.functions import Now
 
 from django_tasklock.backends import reset_backend
 from django_tasklock.backends.base import caller_key, storage_key
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.db_connections import add_thread_connection
-from django_tasklock.testing import BackendRecipe, ContractBackend
+from django_tasklock.backends.db_functions import UtcNow
+from django_tasklock.testing import BackendRecipe, ContractBackend, faketime_worker_clock
 from tests import services
 
 #: Every database alias the suite runs against.
 DATABASE_ALIASES = [
-    alias for alias in ("default", "postgres", "pgbouncer") if alias in settings.DATABASES
+    alias
+    for alias in ("default", "postgres", "pgbouncer", "mariadb")
+    if alias in settings.DATABASES
 ]
-BACKENDS = ["sqlite", "postgres", "redis", "memory"]
+BACKENDS = ["sqlite", "postgres", "mariadb", "redis", "memory"]
 
 
 def pytest_report_header() -> list[str]:
     return [
         f"tasklock services: postgres={'yes' if settings.POSTGRES_URL else 'no'}, "
+        f"mariadb={'yes' if settings.MARIADB_URL else 'no'}, "
         f"redis={'yes' if settings.REDIS_URL else 'no'}"
     ]
 
@@ -36,6 +40,17 @@ def require_service(name: str) -> None:
         pytest.skip(services.missing[name])
 
 
+def skewed_worker(recipe: BackendRecipe) -> Any:
+    """The faketime hook; under CI=true a missing faketime fails instead of skipping."""
+    if services.IN_CI and shutil.which("faketime") is None:
+
+        def missing(offset: timedelta) -> Any:
+            pytest.fail("CI=true and faketime is not installed (apt-get install faketime)")
+
+        return missing
+    return faketime_worker_clock(recipe)
+
+
 def database_backend(alias: str) -> ContractBackend:
     from django_tasklock.models import CacheEntry
 
@@ -43,7 +58,10 @@ def database_backend(alias: str) -> ContractBackend:
 
     def plant(stored: str, value: str, created_ago: timedelta, expires_in: timedelta) -> None:
         rows.create(
-            key=stored, value=value, created_at=Now() - created_ago, expires_at=Now() + expires_in
+            key=stored,
+            value=value,
+            created_at=UtcNow() - created_ago,
+            expires_at=UtcNow() + expires_in,
         )
 
     def put_foreign(stored: str) -> None:
@@ -75,6 +93,8 @@ def database_backend(alias: str) -> ContractBackend:
         put_foreign=put_foreign,
         stored_keys=lambda: set(rows.values_list("key", flat=True)),
         unreachable=unreachable,
+        # SQLite runs in the worker's process: its clock is the worker's.
+        skew_worker_clock=None if alias == "default" else skewed_worker(recipe),
     )
 
 
@@ -98,18 +118,20 @@ def redis_backend(namespace: str) -> Iterator[ContractBackend]:
     def stored_keys() -> set[str]:
         return {k.decode() for k in client.scan_iter(match=f"*{namespace}*")}
 
+    recipe = BackendRecipe(
+        backend="django_tasklock.backends.redis.RedisBackend",
+        kwargs={"url": url},
+        settings={"INSTALLED_APPS": ["django_tasklock"]},
+    )
     yield ContractBackend(
         name="redis",
         backend=RedisBackend(url=url),
-        recipe=BackendRecipe(
-            backend="django_tasklock.backends.redis.RedisBackend",
-            kwargs={"url": url},
-            settings={"INSTALLED_APPS": ["django_tasklock"]},
-        ),
+        recipe=recipe,
         plant=plant,
         put_foreign=put_foreign,
         stored_keys=stored_keys,
         unreachable=lambda: RedisBackend(url="redis://127.0.0.1:1/0"),
+        skew_worker_clock=skewed_worker(recipe),
     )
     # Only what this test wrote: its keys all carry its namespace.
     for stored in stored_keys():
@@ -149,6 +171,9 @@ def any_backend(request: pytest.FixtureRequest, key: str) -> Iterator[ContractBa
     elif name == "postgres":
         require_service("postgres")
         yield database_backend("postgres")
+    elif name == "mariadb":
+        require_service("mariadb")
+        yield database_backend("mariadb")
     elif name == "redis":
         require_service("redis")
         yield from redis_backend(key)

@@ -1,6 +1,7 @@
-"""Where the test suite finds PostgreSQL and Redis.
+"""Where the test suite finds PostgreSQL, MariaDB and Redis.
 
-First the environment (``TASKLOCK_TEST_POSTGRES_URL``, ``TASKLOCK_TEST_REDIS_URL``),
+First the environment (``TASKLOCK_TEST_POSTGRES_URL``, ``TASKLOCK_TEST_MARIADB_URL``,
+``TASKLOCK_TEST_REDIS_URL``),
 then a testcontainers container when a Docker engine answers, else nothing:
 those tests then skip with a reason, except under ``CI=true``, where a missing
 service fails the run.
@@ -16,6 +17,7 @@ from urllib.parse import unquote, urlsplit
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 POSTGRES_ENV = "TASKLOCK_TEST_POSTGRES_URL"
+MARIADB_ENV = "TASKLOCK_TEST_MARIADB_URL"
 REDIS_ENV = "TASKLOCK_TEST_REDIS_URL"
 
 #: Why a service is missing, for skip messages.
@@ -44,6 +46,14 @@ def _from_container(name: str) -> str | None:
         pg.start()
         atexit.register(pg.stop)
         return str(pg.get_connection_url())
+    if name == "mariadb":
+        from testcontainers.mysql import MySqlContainer
+
+        # root: Django creates and drops the per-run test database.
+        maria = MySqlContainer("mariadb:10.11", username="root", password="test")
+        maria.start()
+        atexit.register(maria.stop)
+        return str(maria.get_connection_url())
     from testcontainers.redis import RedisContainer
 
     redis = RedisContainer("redis:7-alpine")
@@ -72,6 +82,19 @@ def postgres_settings(url: str) -> dict[str, Any]:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "127.0.0.1",
         "PORT": str(parts.port or 5432),
+    }
+
+
+def mariadb_settings(url: str) -> dict[str, Any]:
+    """Django settings for a ``mysql://user:password@host:port/name`` URL (MariaDB or MySQL)."""
+    parts = urlsplit(url)
+    return {
+        "ENGINE": "django.db.backends.mysql",
+        "NAME": parts.path.lstrip("/") or "test",
+        "USER": unquote(parts.username or "root"),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "127.0.0.1",
+        "PORT": str(parts.port or 3306),
     }
 
 

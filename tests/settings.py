@@ -35,10 +35,16 @@ if POSTGRES_URL:
         # One test database per run, so that runs side by side (tox) don't collide.
         "TEST": {"NAME": f"test_tasklock_{os.getpid()}"},
     }
-
     PGBOUNCER = services.pgbouncer_settings(services.postgres_settings(POSTGRES_URL))
     if PGBOUNCER is not None:
         DATABASES["pgbouncer"] = PGBOUNCER
+
+MARIADB_URL = services.service_url("mariadb", services.MARIADB_ENV)
+if MARIADB_URL:
+    DATABASES["mariadb"] = {
+        **services.mariadb_settings(MARIADB_URL),
+        "TEST": {"NAME": f"test_tasklock_{os.getpid()}"},
+    }
 
 REDIS_URL = services.service_url("redis", services.REDIS_ENV)
 CACHES: dict[str, Any] = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

@@ -1,4 +1,4 @@
-"""The contract suite (django_tasklock.testing) on SQLite, PostgreSQL, Redis and memory."""
+"""The contract suite (django_tasklock.testing) on SQLite, PostgreSQL, MariaDB, Redis, memory."""
 
 from __future__ import annotations
 

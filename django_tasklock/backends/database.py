@@ -3,7 +3,8 @@
 Atomicity comes from the primary key: two concurrent inserts of one key cannot
 both succeed, so acquisition is an ORM ``create()`` and an ``IntegrityError``
 on the key means "held" (once the row is seen to exist). Every time is the
-database server's ``Now()``, so workers' clocks never decide who holds a key.
+database server's clock in UTC (``UtcNow``, see ``db_functions``), so
+neither workers' clocks nor sessions' time zones decide who holds a key.
 
 Statements run in autocommit, one round trip each: acquiring a free key is one
 INSERT, releasing is one DELETE, a refresh is one UPDATE. Only an INSERT that
@@ -31,10 +32,9 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, Error, IntegrityError, connections, transaction
 from django.db.models import F, Q
-from django.db.models.functions import Least, Now
+from django.db.models.functions import Least
 
 from django_tasklock.backends.base import (
-    KEY_PREFIX,
     STALE_AFTER,
     BaseBackend,
     HeldLock,
@@ -53,6 +53,7 @@ from django_tasklock.backends.db_fences import (
     next_fence_upsert,
     upsert_returns,
 )
+from django_tasklock.backends.db_functions import AsUtc, UtcNow, aware_utc, in_namespace
 from django_tasklock.backends.forksafe import ForkSafeLock
 from django_tasklock.backends.retries import retry_on_new_connection, retry_when_busy
 from django_tasklock.conf import conf
@@ -83,7 +84,7 @@ def _names_missing_table(method: Callable[_P, _R]) -> Callable[_P, _R]:
         except DatabaseError as exc:
             using = args[0].using  # type: ignore[attr-defined]  # the backend
             text = str(exc).lower()
-            # CacheEntry's and FenceCounter's tables (the latter since migration 0002).
+            # CacheEntry's and FenceCounter's tables (the latter since migration 0003).
             for table in ("cache_entries", "tasklock_fences"):
                 if table in text and any(words in text for words in _NO_TABLE):
                     option = "" if using == "default" else f" --database {using}"
@@ -162,8 +163,8 @@ class DatabaseBackend(BaseBackend):
                     model.objects.using(alias).create(
                         key=stored,
                         value=token,
-                        expires_at=Now() + min(ttl, max_lifetime),
-                        created_at=Now(),
+                        expires_at=UtcNow() + min(ttl, max_lifetime),
+                        created_at=UtcNow(),
                     )
             except IntegrityError as exc:
                 # "Held" only once the row is seen; one look also says whether
@@ -171,15 +172,17 @@ class DatabaseBackend(BaseBackend):
                 row = (
                     model.objects.using(alias)
                     .filter(key=stored)
-                    .annotate(server_now=Now())
-                    .values_list("value", "expires_at", "created_at", "server_now")
+                    .values_list(
+                        "value", AsUtc("expires_at"), AsUtc("created_at"), AsUtc(UtcNow())
+                    )
                     .first()
                 )
                 if row is None:
                     if not is_key_conflict(exc):
                         raise  # not a key conflict after all: a real error
                     continue  # the holder released between our INSERT and our look
-                holder, expires_at, created_at, now = row
+                holder = row[0]
+                expires_at, created_at, now = (aware_utc(moment) for moment in row[1:])
                 if expires_at > now and created_at > now - STALE_AFTER:
                     return False
                 # Expired or abandoned: delete that holder's row (a token is
@@ -208,8 +211,8 @@ class DatabaseBackend(BaseBackend):
                 updated = (
                     self._model()
                     .objects.using(alias)
-                    .filter(key=stored, value=token, expires_at__gt=Now())
-                    .update(expires_at=Least(Now() + ttl, F("created_at") + max_lifetime))
+                    .filter(key=stored, value=token, expires_at__gt=UtcNow())
+                    .update(expires_at=Least(UtcNow() + ttl, F("created_at") + max_lifetime))
                 )
             except Error:
                 # A killed or dropped connection: let the next attempt open a new one.
@@ -228,10 +231,10 @@ class DatabaseBackend(BaseBackend):
             if min_hold is not None:
                 # Held until created_at + min_hold, by the server's clock: cut the
                 # lease to end then, while that is still ahead; else delete it.
-                young = ours.filter(expires_at__gt=Now(), created_at__gt=Now() - min_hold)
+                young = ours.filter(expires_at__gt=UtcNow(), created_at__gt=UtcNow() - min_hold)
                 if young.update(expires_at=F("created_at") + min_hold):
                     return True
-            if ours.filter(expires_at__gt=Now())._raw_delete(alias):
+            if ours.filter(expires_at__gt=UtcNow())._raw_delete(alias):
                 return True
             # Not live: lost. Still clear our own expired row, if it is there.
             ours._raw_delete(alias)
@@ -249,8 +252,8 @@ class DatabaseBackend(BaseBackend):
             held = (
                 self._model()
                 .objects.using(alias)
-                .filter(key=storage_key(key), value=token, expires_at__gt=Now())
-                .filter(created_at__gt=Now() - STALE_AFTER)
+                .filter(key=storage_key(key), value=token, expires_at__gt=UtcNow())
+                .filter(created_at__gt=UtcNow() - STALE_AFTER)
             )
             connection = connections[alias]
             if connection.vendor in self.single_statement_fence_vendors and upsert_returns(
@@ -305,9 +308,13 @@ class DatabaseBackend(BaseBackend):
         return (
             self._model()
             .objects.using(alias)
-            .filter(key__startswith=KEY_PREFIX, expires_at__gt=Now())
-            .filter(created_at__gt=Now() - STALE_AFTER)
-            .annotate(server_now=Now())
+            .filter(in_namespace(), expires_at__gt=UtcNow())
+            .filter(created_at__gt=UtcNow() - STALE_AFTER)
+            .annotate(
+                utc_created=AsUtc("created_at"),
+                utc_expires=AsUtc("expires_at"),
+                server_now=AsUtc(UtcNow()),
+            )
         )
 
     @contextmanager
@@ -323,18 +330,20 @@ class DatabaseBackend(BaseBackend):
 
     def _stale(self, alias: str) -> QuerySet[CacheEntry]:
         """Rows free to take over: expired, or acquired more than 24 h ago."""
-        rows = self._model().objects.using(alias).filter(key__startswith=KEY_PREFIX)
-        return rows.filter(Q(expires_at__lte=Now()) | Q(created_at__lte=Now() - STALE_AFTER))
+        rows = self._model().objects.using(alias).filter(in_namespace())
+        return rows.filter(Q(expires_at__lte=UtcNow()) | Q(created_at__lte=UtcNow() - STALE_AFTER))
 
 
 def _held(row: CacheEntry) -> HeldLock:
-    server_now = row.server_now  # type: ignore[attr-defined]
+    """The row as the API shows it: times in aware UTC, whatever ``USE_TZ`` is."""
+    expires_at = aware_utc(row.utc_expires)  # type: ignore[attr-defined]
+    server_now = aware_utc(row.server_now)  # type: ignore[attr-defined]
     return HeldLock(
         key=caller_key(row.key),
         holder=Holder.from_token(row.value),
-        acquired_at=row.created_at,
-        expires_at=row.expires_at,
-        seconds_left=max(0.0, (row.expires_at - server_now).total_seconds()),
+        acquired_at=aware_utc(row.utc_created),  # type: ignore[attr-defined]
+        expires_at=expires_at,
+        seconds_left=max(0.0, (expires_at - server_now).total_seconds()),
     )
 
 

@@ -1,0 +1,76 @@
+"""SQL that differs between databases, where Django's portable expression is wrong for a lock.
+
+* The time: Django's ``Now()`` is ``CURRENT_TIMESTAMP(6)`` on MySQL/MariaDB,
+  the *session's* local time, so two sessions with different ``time_zone``
+  settings (or one on each side of a DST change) would disagree about whether
+  a lease is live. ``UtcNow`` is the server's clock in UTC on every database.
+* Reading times back: Django reads them in the connection's zone (and naive
+  with ``USE_TZ = False``). ``AsUtc`` and ``aware_utc`` give aware UTC instead,
+  whatever ``USE_TZ`` and the session's zone are.
+* The key prefix: SQLite's ``LIKE`` (``key__startswith``) ignores ASCII case;
+  ``in_namespace`` matches ``task-lock:`` byte for byte.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from django.db.models import DateTimeField, Func, Q, Value
+from django.db.models.functions import Left, Now
+from django.db.models.lookups import Exact
+
+from django_tasklock.backends.base import KEY_PREFIX
+
+
+class UtcNow(Now):
+    """The database server's current time in UTC, whatever the session's time zone.
+
+    PostgreSQL's ``STATEMENT_TIMESTAMP()`` is an instant (``timestamptz``) and
+    SQLite's clock is UTC already: only MySQL/MariaDB need another function.
+    Every time the lock stores or compares is taken from it, so the stored
+    columns hold UTC on MySQL/MariaDB and SQLite.
+    """
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        return self.as_sql(compiler, connection, template="UTC_TIMESTAMP(6)", **extra_context)
+
+
+class AsUtc(Func):
+    """A stored time as UTC wall-clock time, which ``aware_utc`` turns into an aware datetime.
+
+    On PostgreSQL, ``timestamptz AT TIME ZONE 'UTC'``: otherwise the value
+    would arrive in the session's zone, or naive in ``TIME_ZONE`` with
+    ``USE_TZ = False``. Elsewhere the column already holds UTC (``UtcNow``
+    wrote it) and is read as it is.
+    """
+
+    arity = 1
+    template = "%(expressions)s"
+    output_field = DateTimeField()
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        return self.as_sql(
+            compiler, connection, template="(%(expressions)s AT TIME ZONE 'UTC')", **extra_context
+        )
+
+
+def aware_utc(value: datetime) -> datetime:
+    """An ``AsUtc`` value as aware UTC.
+
+    The value is UTC wall-clock time; Django may have labelled it with the
+    connection's zone (MySQL, SQLite with ``USE_TZ``) without converting it,
+    so the label is replaced, not converted.
+    """
+    return value.replace(tzinfo=timezone.utc)
+
+
+def in_namespace() -> Q:
+    """Keys that start with ``task-lock:``, compared byte for byte.
+
+    ``startswith`` lets PostgreSQL and MySQL use the key's index; the exact
+    comparison of the first characters rejects ``Task-Lock:…`` on SQLite.
+    """
+    return Q(key__startswith=KEY_PREFIX) & Q(
+        Exact(Left("key", len(KEY_PREFIX)), Value(KEY_PREFIX))
+    )
