@@ -12,9 +12,9 @@ backend caps it on the storage side as well).
 
 A lease whose release waits for the caller's transaction (see
 ``transactions``) stays here, still refreshed, and is looked at every
-``WATCH_INTERVAL`` seconds to notice a rollback, which nothing else announces.
+``lease.WATCH_INTERVAL`` seconds to notice a rollback, which nothing else announces.
 
-Local deadlines are read off :func:`clock`, which keeps counting while the
+Local deadlines are read off :func:`~django_tasklock.lease.clock`, which keeps counting while the
 machine is suspended (``CLOCK_BOOTTIME`` on Linux): after a resume, a lease
 whose ttl passed during the sleep is known to be lost, not "retried".
 """
@@ -26,125 +26,18 @@ import itertools
 import logging
 import os
 import threading
-import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from django_tasklock.signals import lock_lost
+from django_tasklock.lease import clock
 
 if TYPE_CHECKING:
-    from django.dispatch import Signal
-
-    from django_tasklock.backends.base import BaseBackend, Holder
-    from django_tasklock.options import LockOptions
+    from django_tasklock.backends.base import BaseBackend
+    from django_tasklock.lease import Lease, PendingRelease
 
 logger = logging.getLogger("django_tasklock")
 
 # Closed leases tolerated in the heap before it is compacted.
 _COMPACT_AFTER = 64
-#: Seconds between two looks at a lease waiting for its caller's transaction.
-WATCH_INTERVAL = 0.5
-
-if hasattr(time, "CLOCK_BOOTTIME"):
-
-    def clock() -> float:
-        """Seconds on a clock that also counts time spent suspended (Linux)."""
-        return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-else:  # pragma: no cover - not Linux: monotonic is the best there is
-
-    def clock() -> float:
-        """Seconds on the monotonic clock."""
-        return time.monotonic()
-
-
-class PendingRelease(Protocol):
-    """A release waiting for the caller's transactions to end."""
-
-    def settle(self) -> bool:
-        """Release the lease if they have all ended; True once it is released."""
-
-
-class Lease:
-    """One lock held by this process: what the heartbeat keeps alive, what the caller reads."""
-
-    def __init__(
-        self,
-        backend: BaseBackend,
-        key: str,
-        token: str,
-        holder: Holder,
-        options: LockOptions,
-        *,
-        asked_at: float,
-    ) -> None:
-        """``asked_at``: :func:`clock` just before the acquisition was sent.
-
-        The storage dated the lease after that instant, so every local time
-        derived from it (the deadline, when the lease is surely valid until)
-        errs on the early side.
-        """
-        self.backend = backend
-        self.key = key
-        self.token = token
-        self.holder = holder
-        self.options = options
-        self.pid = os.getpid()
-        self.deadline = asked_at + options.max_lifetime.total_seconds()
-        self.next_due = asked_at + options.refresh_interval.total_seconds()
-        #: Until when the lease is known to be live, by the last confirmation.
-        self.valid_until = asked_at + min(options.ttl, options.max_lifetime).total_seconds()
-        self.closed = False
-        #: Set while the release waits for the caller's transaction to end.
-        self.pending: PendingRelease | None = None
-        self._lost = False
-        self._lost_lock = threading.Lock()
-
-    @property
-    def lost(self) -> bool:
-        """True once a refresh or the release found the lease gone or someone else's."""
-        return self._lost
-
-    def report_lost(self, when: str) -> None:
-        """Record the loss once: a warning, the ``lock_lost`` signal, ``lost`` set."""
-        with self._lost_lock:
-            if self._lost:
-                return
-            self._lost = True
-        logger.warning(
-            "Task lock %r was lost (%s): it expired, was taken over or was force-released "
-            "while %s held it.",
-            self.key,
-            when,
-            self.holder,
-        )
-        self.announce(lock_lost)
-
-    def wake_at(self) -> float:
-        """When the heartbeat should next look at this lease."""
-        if self.pending is None:
-            return self.next_due
-        return min(self.next_due, clock() + WATCH_INTERVAL)
-
-    def announce(self, signal: Signal) -> None:
-        """Send ``signal`` about this lease; a failing receiver is logged, never raised.
-
-        The lock must not depend on receivers: an exception here would skip a
-        release, or end the heartbeat thread and with it every lease's refresh.
-        ``send_robust`` already logs each failure with its traceback (logger
-        ``django.dispatch``), so this adds one line naming the key, without
-        a second copy of the traceback.
-        """
-        for receiver, outcome in signal.send_robust(
-            sender=type(self.backend), key=self.key, holder=self.holder
-        ):
-            if isinstance(outcome, Exception):
-                logger.error(
-                    "A receiver of a django-tasklock signal about %r failed: %r raised %r "
-                    "(traceback on the django.dispatch logger).",
-                    self.key,
-                    receiver,
-                    outcome,
-                )
 
 
 class Heartbeat:

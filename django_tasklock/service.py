@@ -3,28 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
-import secrets
-import socket
-from collections.abc import Callable
-from typing import Generic, TypeVar
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from django_tasklock import checks as _checks  # noqa: F401 - checks also without the app
 from django_tasklock.backends import get_backend
-from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
-from django_tasklock.heartbeat import Lease, clock, heartbeat
+from django_tasklock.backends.base import BaseBackend, HeldLock
+from django_tasklock.lease import new_token as new_token
+from django_tasklock.lock import Lock
 from django_tasklock.options import (
-    Duration,
-    LockOptions,
+    validate_async_callable,
     validate_callable,
     validate_key,
     validate_sync_callable,
 )
-from django_tasklock.signals import lock_acquired, lock_released
-from django_tasklock.transactions import release_after_transactions
 
-logger = logging.getLogger("django_tasklock")
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from django_tasklock.options import LockKwargs
 
 T = TypeVar("T")
 
@@ -36,16 +34,14 @@ class LockResult(Generic[T]):
     ``acquired``: this caller held the lock and ``fn`` ran (False: ``fn`` never ran).
     ``result``: ``fn``'s return value when acquired, else None.
     ``lost``: the lease was lost (expired, taken over, force-released) while ``fn`` ran.
+    ``fence``: with ``fencing=True``, the grant's fencing token (strictly increasing
+    per key); else None.
     """
 
     acquired: bool
     result: T | None = None
     lost: bool = False
-
-
-def new_token() -> str:
-    """An unguessable token that also names this host and process: ``host:pid:secret``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_urlsafe(18)}"
+    fence: int | None = None
 
 
 class TaskLockService:
@@ -67,27 +63,39 @@ class TaskLockService:
         """Who holds ``key`` and until when (by the storage's clock), or None if nobody."""
         return self.backend.peek(validate_key(key))
 
+    def lock(self, key: str, **options: Unpack[LockKwargs]) -> Lock:
+        """A :class:`~django_tasklock.lock.Lock` on ``key``, not yet acquired.
+
+        ``with service.lock("rollups", ttl=600, wait=30) as lock:`` holds the
+        key for the block (``async with`` too), raising ``LockNotAcquired``
+        if another holder keeps it for ``wait``. Options as for
+        :meth:`run_exclusive`, validated now.
+        """
+        return Lock(key, backend=self._backend, **options)
+
     def run_exclusive(
         self,
         key: str,
         fn: Callable[[], T],
         *,
-        ttl: Duration | None = None,
-        refresh_interval: Duration | None = None,
-        max_lifetime: Duration | None = None,
         on_locked: Callable[[], object] | None = None,
+        **options: Unpack[LockKwargs],
     ) -> LockResult[T]:
         """Run ``fn()`` if, and only if, nobody else holds ``key``.
 
         Args:
             key: the caller's key (1 to 245 characters), stored as ``"task-lock:" + key``.
             fn: a zero-argument callable; its return value becomes ``result``.
+            on_locked: zero-argument callable called when the key is held elsewhere.
             ttl: seconds or timedelta the lease lasts unless refreshed (default 15 min).
             refresh_interval: how often the heartbeat extends the lease while ``fn``
                 runs (default ``ttl / 3``; must be less than ``ttl``).
             max_lifetime: after this long (default and most 24 h) the lease is no
                 longer extended, so a runaway ``fn`` cannot hold the key forever.
-            on_locked: zero-argument callable called when the key is held elsewhere.
+            wait: keep trying this long while the key is held (default: not at all).
+            min_hold: when ``fn`` ends sooner, the key stays held until acquisition
+                + ``min_hold`` (at most ``max_lifetime``), kept by the storage.
+            fencing: give the grant a fencing token (``LockResult.fence``).
 
         The lease is released whether ``fn`` returns or raises (any
         ``BaseException``, which then propagates unchanged). If the storage
@@ -102,120 +110,87 @@ class TaskLockService:
                 (a coroutine function for ``fn`` or ``on_locked`` names ``arun_exclusive``).
             ImproperlyConfigured: ``TASKLOCK_DEFAULTS`` is invalid.
         """
+        validate_key(key)
         validate_sync_callable("fn", fn, twin="arun_exclusive")
         validate_sync_callable("on_locked", on_locked, twin="arun_exclusive", optional=True)
-        backend, options = self._prepare(key, fn, ttl, refresh_interval, max_lifetime, on_locked)
-        # The token first and the acquisition inside the try: interrupted
-        # (KeyboardInterrupt) before we know whether the lease was granted, we
-        # release by the token, which deletes nothing if it was not.
-        token = new_token()
-        lease: Lease | None = None
-        result: T | None = None
-        known = False
+        lock = self.lock(key, **options)
+        acquired, result = False, None
         try:
-            lease = self._acquire(backend, key, token, options)
-            known = True
-            if lease is not None:
-                self._hold(lease)
+            acquired = lock.try_acquire()
+            if acquired:
                 result = fn()
         finally:
-            if lease is not None:
-                self._release(lease)
-            elif not known:
-                _release_unknown(backend, key, token)
-        if lease is None:
+            # lock.held, not try_acquire's answer: interrupted just after the
+            # grant, before that answer was stored, the lease is still released.
+            if lock.held:
+                lock.release()
+        if not acquired:
             if on_locked is not None:
                 on_locked()
             return LockResult(acquired=False)
-        return LockResult(acquired=True, result=result, lost=lease.lost)
+        return LockResult(acquired=True, result=result, lost=lock.lost, fence=lock.fence)
 
-    def _prepare(
+    async def arun_exclusive(
         self,
         key: str,
-        fn: object,
-        ttl: Duration | None,
-        refresh_interval: Duration | None,
-        max_lifetime: Duration | None,
-        on_locked: object,
-    ) -> tuple[BaseBackend, LockOptions]:
+        async_fn: Callable[[], Awaitable[T]],
+        *,
+        on_locked: Callable[[], object] | None = None,
+        **options: Unpack[LockKwargs],
+    ) -> LockResult[T]:
+        """The asyncio twin of :meth:`run_exclusive`: ``await async_fn()`` under the lock.
+
+        Storage calls run in a worker thread and waiting is ``asyncio.sleep``,
+        so nothing blocks the event loop. Cancelling the awaiting task
+        releases the lock and the ``CancelledError`` propagates. ``on_locked``
+        may be a plain or an ``async`` function.
+        """
         validate_key(key)
-        validate_callable("fn", fn)
+        validate_async_callable("async_fn", async_fn, twin="run_exclusive")
         validate_callable("on_locked", on_locked, optional=True)
-        options = LockOptions.resolve(
-            ttl=ttl, refresh_interval=refresh_interval, max_lifetime=max_lifetime
-        )
-        return self.backend, options
-
-    @staticmethod
-    def _acquire(backend: BaseBackend, key: str, token: str, options: LockOptions) -> Lease | None:
-        asked_at = clock()
-        if not backend.acquire(key, token, ttl=options.ttl, max_lifetime=options.max_lifetime):
-            return None
-        return Lease(backend, key, token, Holder.from_token(token), options, asked_at=asked_at)
-
-    def _hold(self, lease: Lease) -> None:
-        """Start keeping ``lease`` alive (call inside the ``try`` that releases it)."""
-        heartbeat().add(lease)
-        lease.announce(lock_acquired)
-
-    def _release(self, lease: Lease) -> None:
-        if lease.pid != os.getpid():
-            return  # a forked child leaving the work: the lease is its parent's
-        if release_after_transactions(lease, self._release_now):
-            return  # held until the caller's transaction ends
-        self._release_now(lease)
-
-    def _release_now(self, lease: Lease) -> None:
+        lock = self.lock(key, **options)
+        acquired, result = False, None
         try:
-            heartbeat().remove(lease)
-        finally:  # even interrupted here, the lease is released
-            self._send_release(lease)
-
-    @staticmethod
-    def _send_release(lease: Lease) -> None:
-        try:
-            released = lease.backend.release(lease.key, lease.token)
-        except Exception:
-            logger.warning(
-                "Releasing task lock %r failed; the lease will expire by itself.",
-                lease.key,
-                exc_info=True,
-            )
-            if clock() > lease.valid_until:
-                lease.report_lost("release, after the lease could have run out")
-            return
-        if released:
-            lease.announce(lock_released)
-        else:
-            lease.report_lost("release")
-
-
-def _release_unknown(backend: BaseBackend, key: str, token: str) -> None:
-    """Release what an interrupted acquisition may have taken (nothing if it took nothing)."""
-    try:
-        backend.release(key, token)
-    except Exception:
-        logger.debug("Releasing %r after an interrupted acquisition failed.", key, exc_info=True)
+            acquired = await lock.atry_acquire()
+            if acquired:
+                result = await async_fn()
+        finally:
+            if lock.held:
+                await lock.arelease()
+        if not acquired:
+            if on_locked is not None:
+                outcome = on_locked()
+                if inspect.isawaitable(outcome):
+                    await outcome
+            return LockResult(acquired=False)
+        return LockResult(acquired=True, result=result, lost=lock.lost, fence=lock.fence)
 
 
 _default_service = TaskLockService()
+
+
+def lock(key: str, **options: Unpack[LockKwargs]) -> Lock:
+    """:meth:`TaskLockService.lock` on the service of ``TASKLOCK_BACKEND``."""
+    return _default_service.lock(key, **options)
 
 
 def run_exclusive(
     key: str,
     fn: Callable[[], T],
     *,
-    ttl: Duration | None = None,
-    refresh_interval: Duration | None = None,
-    max_lifetime: Duration | None = None,
     on_locked: Callable[[], object] | None = None,
+    **options: Unpack[LockKwargs],
 ) -> LockResult[T]:
     """:meth:`TaskLockService.run_exclusive` on the service of ``TASKLOCK_BACKEND``."""
-    return _default_service.run_exclusive(
-        key,
-        fn,
-        ttl=ttl,
-        refresh_interval=refresh_interval,
-        max_lifetime=max_lifetime,
-        on_locked=on_locked,
-    )
+    return _default_service.run_exclusive(key, fn, on_locked=on_locked, **options)
+
+
+async def arun_exclusive(
+    key: str,
+    async_fn: Callable[[], Awaitable[T]],
+    *,
+    on_locked: Callable[[], object] | None = None,
+    **options: Unpack[LockKwargs],
+) -> LockResult[T]:
+    """:meth:`TaskLockService.arun_exclusive` on the service of ``TASKLOCK_BACKEND``."""
+    return await _default_service.arun_exclusive(key, async_fn, on_locked=on_locked, **options)

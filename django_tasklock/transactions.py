@@ -38,7 +38,8 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_tasklock.backends.db_connections import in_test_transaction
-from django_tasklock.heartbeat import Lease, heartbeat
+from django_tasklock.heartbeat import heartbeat
+from django_tasklock.lease import Lease
 
 logger = logging.getLogger("django_tasklock")
 

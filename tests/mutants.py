@@ -60,7 +60,7 @@ class AcquireIgnoresMaxLifetime(MemoryBackend):
 
 
 class ReleaseNotBoundToToken(MemoryBackend):
-    def release(self, key: str, token: str) -> bool:
+    def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
         return self.force_release(key)
 
 

@@ -9,7 +9,9 @@ neither workers' clocks nor sessions' time zones decide who holds a key.
 Statements run in autocommit, one round trip each: acquiring a free key is one
 INSERT, releasing is one DELETE, a refresh is one UPDATE. Only an INSERT that
 conflicts is followed by a SELECT of the row, which tells "held" from "free to
-take over" (expired, or older than 24 h) by the server's clock.
+take over" (expired, or older than 24 h) by the server's clock. A release
+with ``min_hold`` is one UPDATE while the hold lasts; a fence is one more
+statement (see ``db_fences``).
 
 ``QuerySet.delete()`` is avoided on purpose: it wraps itself in a transaction,
 and with signal receivers it deletes by primary key after a SELECT, which
@@ -46,6 +48,11 @@ from django_tasklock.backends.db_connections import (
     in_test_transaction,
     is_key_conflict,
 )
+from django_tasklock.backends.db_fences import (
+    next_fence_in_transaction,
+    next_fence_upsert,
+    upsert_returns,
+)
 from django_tasklock.backends.db_functions import AsUtc, UtcNow, aware_utc, in_namespace
 from django_tasklock.backends.forksafe import ForkSafeLock
 from django_tasklock.backends.retries import retry_on_new_connection, retry_when_busy
@@ -77,13 +84,14 @@ def _names_missing_table(method: Callable[_P, _R]) -> Callable[_P, _R]:
         except DatabaseError as exc:
             using = args[0].using  # type: ignore[attr-defined]  # the backend
             text = str(exc).lower()
-            table = "cache_entries"  # CacheEntry's db_table
-            if table in text and any(words in text for words in _NO_TABLE):
-                option = "" if using == "default" else f" --database {using}"
-                raise ImproperlyConfigured(
-                    f"The {table} table of django-tasklock is missing from the database "
-                    f"{using!r}: run `python manage.py migrate django_tasklock{option}`."
-                ) from exc
+            # CacheEntry's and FenceCounter's tables (the latter since migration 0003).
+            for table in ("cache_entries", "tasklock_fences"):
+                if table in text and any(words in text for words in _NO_TABLE):
+                    option = "" if using == "default" else f" --database {using}"
+                    raise ImproperlyConfigured(
+                        f"The {table} table of django-tasklock is missing from the database "
+                        f"{using!r}: run `python manage.py migrate django_tasklock{option}`."
+                    ) from exc
             raise
 
     return wrapper
@@ -105,6 +113,9 @@ class DatabaseBackend(BaseBackend):
     heartbeat (whose thread cannot see that transaction) leaves such leases
     alone: keep work under a ``TestCase`` shorter than its ``ttl``.
     """
+
+    #: Databases whose fence is one upsert statement (the others: a transaction).
+    single_statement_fence_vendors: tuple[str, ...] = ("postgresql", "sqlite")
 
     def __init__(self, using: str = "default") -> None:
         self.using = using
@@ -212,16 +223,44 @@ class DatabaseBackend(BaseBackend):
     @_names_missing_table
     @retry_on_new_connection
     @retry_when_busy
-    def release(self, key: str, token: str) -> bool:
+    def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
         with self._test_leases_lock:
             self._test_leases.discard((storage_key(key), token))
         with alias_for_writing(self.using) as alias:
             ours = self._model().objects.using(alias).filter(key=storage_key(key), value=token)
+            if min_hold is not None:
+                # Held until created_at + min_hold, by the server's clock: cut the
+                # lease to end then, while that is still ahead; else delete it.
+                young = ours.filter(expires_at__gt=UtcNow(), created_at__gt=UtcNow() - min_hold)
+                if young.update(expires_at=F("created_at") + min_hold):
+                    return True
             if ours.filter(expires_at__gt=UtcNow())._raw_delete(alias):
                 return True
             # Not live: lost. Still clear our own expired row, if it is there.
             ours._raw_delete(alias)
             return False
+
+    @_names_missing_table
+    @retry_when_busy  # not on a new connection: a fence sent twice would count twice
+    def fence(self, key: str, token: str) -> int | None:
+        """Increment ``tasklock_fences`` for ``key`` while ``token`` holds the live row.
+
+        One statement on PostgreSQL and SQLite, a short transaction elsewhere
+        (see ``db_fences``).
+        """
+        with alias_for_writing(self.using) as alias:
+            held = (
+                self._model()
+                .objects.using(alias)
+                .filter(key=storage_key(key), value=token, expires_at__gt=UtcNow())
+                .filter(created_at__gt=UtcNow() - STALE_AFTER)
+            )
+            connection = connections[alias]
+            if connection.vendor in self.single_statement_fence_vendors and upsert_returns(
+                connection
+            ):
+                return next_fence_upsert(alias, key, held)
+            return next_fence_in_transaction(alias, key, held)
 
     @_names_missing_table
     @retry_on_new_connection

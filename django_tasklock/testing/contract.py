@@ -28,14 +28,18 @@ from django_tasklock.signals import lock_acquired, lock_lost, lock_released
 from django_tasklock.testing.cases_clock import ClockCases
 from django_tasklock.testing.cases_exclusion import ExclusionCases
 from django_tasklock.testing.cases_failures import FailureCases
+from django_tasklock.testing.cases_fencing import FencingCases
 from django_tasklock.testing.cases_lease import LeaseCases
+from django_tasklock.testing.cases_lock import LockCases
 from django_tasklock.testing.cases_operations import OperationCases
 from django_tasklock.testing.support import ContractBackend, SignalRecorder
 
 __all__ = ["BackendContract", "ContractBackend"]
 
 
-class BackendContract(ExclusionCases, LeaseCases, FailureCases, OperationCases, ClockCases):
+class BackendContract(
+    ExclusionCases, LeaseCases, FailureCases, OperationCases, ClockCases, LockCases, FencingCases
+):
     """The README's "What you can rely on", items 1 to 10, against ``contract_backend``."""
 
     @pytest.fixture

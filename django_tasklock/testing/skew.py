@@ -60,8 +60,10 @@ class SkewedWorker(BaseBackend):
     def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         return bool(self._call("refresh", key, token, ttl=ttl, max_lifetime=max_lifetime))
 
-    def release(self, key: str, token: str) -> bool:
-        return bool(self._call("release", key, token))
+    def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
+        if min_hold is None:
+            return bool(self._call("release", key, token))
+        return bool(self._call("release", key, token, min_hold=min_hold))
 
     def force_release(self, key: str) -> bool:
         return bool(self._call("force_release", key))
