@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from django_tasklock import checks as _checks  # noqa: F401 - checks also without the app
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.heartbeat import Lease, heartbeat

@@ -69,6 +69,11 @@ def alias_for_writing(using: str) -> str:
             "nor released before your transaction ends. Acquire it outside "
             "transaction.atomic(), or keep the locks elsewhere (TASKLOCK_DATABASE naming "
             "another database, or TASKLOCK_BACKEND = 'redis')."
+            + (
+                _ATOMIC_REQUESTS_ADVICE.format(using=using)
+                if connection.settings_dict.get("ATOMIC_REQUESTS")
+                else ""
+            )
         )
     side = using + SIDE_SUFFIX
     side_connection = _thread_connection(side)
@@ -77,6 +82,14 @@ def alias_for_writing(using: str) -> str:
     # Honour CONN_MAX_AGE and drop a broken connection, as Django does per request.
     side_connection.close_if_unusable_or_obsolete()
     return side
+
+
+# Under ATOMIC_REQUESTS Django opens the transaction, not the caller's code.
+_ATOMIC_REQUESTS_ADVICE = (
+    " ATOMIC_REQUESTS is on for {using!r}, so Django runs every view inside such a "
+    "transaction: mark the views that take a task lock (@exclusive) with "
+    "@transaction.non_atomic_requests (for a class-based view, wrap its as_view())."
+)
 
 
 def add_thread_connection(alias: str, settings_dict: dict[str, Any]) -> BaseDatabaseWrapper:
