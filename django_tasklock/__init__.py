@@ -4,17 +4,29 @@ from __future__ import annotations
 
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.exceptions import LockNotAcquired, TaskLockError
-from django_tasklock.service import LockResult, TaskLockService, run_exclusive
+from django_tasklock.lock import Lock
+from django_tasklock.options import LockKwargs
+from django_tasklock.service import (
+    LockResult,
+    TaskLockService,
+    arun_exclusive,
+    lock,
+    run_exclusive,
+)
 from django_tasklock.signals import lock_acquired, lock_lost, lock_released
 
 __all__ = [
     "BaseBackend",
     "HeldLock",
     "Holder",
+    "Lock",
+    "LockKwargs",
     "LockNotAcquired",
     "LockResult",
     "TaskLockError",
     "TaskLockService",
+    "arun_exclusive",
+    "lock",
     "lock_acquired",
     "lock_lost",
     "lock_released",

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 
 class TaskLockError(Exception):
     """Base class of django-tasklock's own errors."""
 
 
 class LockNotAcquired(TaskLockError):
-    """The lock could not be acquired (raised only where the API says so)."""
+    """Another holder kept the key for as long as the caller was willing to wait.
+
+    Raised by ``Lock.acquire()`` and ``with lock:``; ``key`` is the caller's key.
+    """
+
+    def __init__(self, key: str, wait: timedelta | None = None) -> None:
+        self.key = key
+        self.wait = wait
+        waited = f" within {wait}" if wait else ""
+        super().__init__(f"Task lock {key!r} was not acquired{waited}: another worker holds it.")
+
+    def __reduce__(self) -> tuple[type[LockNotAcquired], tuple[str, timedelta | None]]:
+        return type(self), (self.key, self.wait)

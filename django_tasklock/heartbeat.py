@@ -21,86 +21,14 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from django_tasklock.signals import lock_lost
-
 if TYPE_CHECKING:
-    from django.dispatch import Signal
-
-    from django_tasklock.backends.base import BaseBackend, Holder
-    from django_tasklock.options import LockOptions
+    from django_tasklock.backends.base import BaseBackend
+    from django_tasklock.lease import Lease
 
 logger = logging.getLogger("django_tasklock")
 
 # Closed leases tolerated in the heap before it is compacted.
 _COMPACT_AFTER = 64
-
-
-class Lease:
-    """One lock held by this process: what the heartbeat keeps alive, what the caller reads."""
-
-    def __init__(
-        self,
-        backend: BaseBackend,
-        key: str,
-        token: str,
-        holder: Holder,
-        options: LockOptions,
-        *,
-        asked_at: float,
-    ) -> None:
-        """``asked_at``: ``time.monotonic()`` just before the acquisition was sent.
-
-        The storage dated the lease after that instant, so every local time
-        derived from it (the deadline, when the lease is surely valid until)
-        errs on the early side.
-        """
-        self.backend = backend
-        self.key = key
-        self.token = token
-        self.holder = holder
-        self.options = options
-        self.pid = os.getpid()
-        self.deadline = asked_at + options.max_lifetime.total_seconds()
-        self.next_due = asked_at + options.refresh_interval.total_seconds()
-        #: Until when the lease is known to be live, by the last confirmation.
-        self.valid_until = asked_at + min(options.ttl, options.max_lifetime).total_seconds()
-        self.closed = False
-        self._lost = False
-        self._lost_lock = threading.Lock()
-
-    @property
-    def lost(self) -> bool:
-        """True once a refresh or the release found the lease gone or someone else's."""
-        return self._lost
-
-    def report_lost(self, when: str) -> None:
-        """Record the loss once: a warning, the ``lock_lost`` signal, ``lost`` set."""
-        with self._lost_lock:
-            if self._lost:
-                return
-            self._lost = True
-        logger.warning(
-            "Task lock %r was lost (%s): it expired, was taken over or was force-released "
-            "while %s held it.",
-            self.key,
-            when,
-            self.holder,
-        )
-        self.announce(lock_lost)
-
-    def announce(self, signal: Signal) -> None:
-        """Send ``signal`` about this lease; a failing receiver is logged, never raised.
-
-        The lock must not depend on receivers: an exception here would skip a
-        release, or end the heartbeat thread and with it every lease's refresh.
-        """
-        for receiver, outcome in signal.send_robust(
-            sender=type(self.backend), key=self.key, holder=self.holder
-        ):
-            if isinstance(outcome, Exception):
-                logger.error(
-                    "A receiver of a django-tasklock signal failed: %r", receiver, exc_info=outcome
-                )
 
 
 class Heartbeat:

@@ -26,3 +26,22 @@ class CacheEntry(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class FenceCounter(models.Model):
+    """The last fencing token handed out for a key (the caller's key, no prefix).
+
+    Kept apart from ``cache_entries`` so that no sweep of lock rows (expiry,
+    the 24 h cap, ``clear_stale``, a force release) can ever reset it.
+    """
+
+    key = models.CharField(max_length=255, primary_key=True)
+    value = models.BigIntegerField()
+
+    class Meta:
+        db_table = "tasklock_fences"
+        verbose_name = "fence counter"
+        verbose_name_plural = "fence counters"
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.value}"

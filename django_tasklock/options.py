@@ -10,7 +10,9 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
+
+from asgiref.sync import iscoroutinefunction
 
 from django_tasklock.backends.base import KEY_PREFIX, STALE_AFTER
 from django_tasklock.conf import conf
@@ -39,6 +41,22 @@ def validate_callable(name: str, value: object, *, optional: bool = False) -> No
         return
     if not callable(value):
         raise TypeError(f"{name} must be callable, not {type(value).__name__}")
+
+
+def validate_sync_callable(name: str, value: object, *, twin: str) -> None:
+    """A callable that is not a coroutine function (whose coroutine would never run)."""
+    validate_callable(name, value)
+    if iscoroutinefunction(value):
+        raise TypeError(f"{name} is a coroutine function: use {twin}() for async work")
+
+
+def validate_async_callable(name: str, value: object, *, twin: str) -> None:
+    """A coroutine function (``async def``)."""
+    validate_callable(name, value)
+    if not iscoroutinefunction(value):
+        raise TypeError(
+            f"{name} must be a coroutine function (async def); use {twin}() for {value!r}"
+        )
 
 
 def to_timedelta(name: str, value: object) -> timedelta:
@@ -102,3 +120,68 @@ class LockOptions:
         if lifetime_td > MAX_LIFETIME_LIMIT:
             raise ValueError(f"max_lifetime must be at most 24 hours, got {lifetime_td}")
         return cls(ttl=ttl_td, refresh_interval=interval_td, max_lifetime=lifetime_td)
+
+
+class LockKwargs(TypedDict, total=False):
+    """The options every way of taking a lock accepts, declared once.
+
+    ``lock()``, ``run_exclusive()`` and ``arun_exclusive()`` take them as
+    keyword arguments (``**options: Unpack[LockKwargs]``):
+
+    ``ttl``, ``refresh_interval``, ``max_lifetime``: the lease's timing (see
+    :class:`LockOptions`). ``wait``: how long to keep trying while the key is
+    held (seconds or timedelta; default: no waiting). ``min_hold``: after the
+    work ends early, the key stays held until acquisition + ``min_hold``, by
+    the storage (at most ``max_lifetime``). ``fencing``: give each grant a
+    strictly increasing number (``Lock.fence``, ``LockResult.fence``).
+    """
+
+    ttl: Duration | None
+    refresh_interval: Duration | None
+    max_lifetime: Duration | None
+    wait: Duration | None
+    min_hold: Duration | None
+    fencing: bool
+
+
+LOCK_KWARGS = frozenset(LockKwargs.__annotations__)
+
+
+def check_lock_kwargs(options: Mapping[str, object]) -> None:
+    """A ``TypeError`` naming the first keyword that is not a lock option."""
+    unknown = sorted(set(options) - LOCK_KWARGS)
+    if unknown:
+        raise TypeError(
+            f"unexpected keyword argument {unknown[0]!r}; lock options are "
+            f"{', '.join(sorted(LOCK_KWARGS))}"
+        )
+
+
+def validate_wait(value: object) -> timedelta:
+    """How long to keep trying: None or 0 for not at all, else positive seconds or timedelta."""
+    if value is None or (
+        not isinstance(value, bool) and isinstance(value, (int, float)) and value == 0
+    ):
+        return timedelta(0)
+    if isinstance(value, timedelta) and value == timedelta(0):
+        return value
+    return to_timedelta("wait", value)
+
+
+def validate_min_hold(value: object, max_lifetime: timedelta) -> timedelta | None:
+    """None, or a duration no longer than ``max_lifetime`` (the storage caps every lease)."""
+    if value is None:
+        return None
+    min_hold = to_timedelta("min_hold", value)
+    if min_hold > max_lifetime:
+        raise ValueError(
+            f"min_hold must be at most max_lifetime ({min_hold} > {max_lifetime}): "
+            "no lease outlives acquisition + max_lifetime"
+        )
+    return min_hold
+
+
+def validate_flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return value

@@ -3,26 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
-import secrets
-import socket
-import time
-from collections.abc import Callable
-from typing import Generic, TypeVar
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from django_tasklock.backends import get_backend
-from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
-from django_tasklock.heartbeat import Lease, heartbeat
+from django_tasklock.backends.base import BaseBackend, HeldLock
+from django_tasklock.lease import new_token as new_token
+from django_tasklock.lock import Lock
 from django_tasklock.options import (
-    Duration,
-    LockOptions,
+    validate_async_callable,
     validate_callable,
     validate_key,
+    validate_sync_callable,
 )
-from django_tasklock.signals import lock_acquired, lock_released
 
-logger = logging.getLogger("django_tasklock")
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from django_tasklock.options import LockKwargs
 
 T = TypeVar("T")
 
@@ -34,16 +33,14 @@ class LockResult(Generic[T]):
     ``acquired``: this caller held the lock and ``fn`` ran (False: ``fn`` never ran).
     ``result``: ``fn``'s return value when acquired, else None.
     ``lost``: the lease was lost (expired, taken over, force-released) while ``fn`` ran.
+    ``fence``: with ``fencing=True``, the grant's fencing token (strictly increasing
+    per key); else None.
     """
 
     acquired: bool
     result: T | None = None
     lost: bool = False
-
-
-def new_token() -> str:
-    """An unguessable token that also names this host and process: ``host:pid:secret``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_urlsafe(18)}"
+    fence: int | None = None
 
 
 class TaskLockService:
@@ -65,27 +62,39 @@ class TaskLockService:
         """Who holds ``key`` and until when (by the storage's clock), or None if nobody."""
         return self.backend.peek(validate_key(key))
 
+    def lock(self, key: str, **options: Unpack[LockKwargs]) -> Lock:
+        """A :class:`~django_tasklock.lock.Lock` on ``key``, not yet acquired.
+
+        ``with service.lock("rollups", ttl=600, wait=30) as lock:`` holds the
+        key for the block (``async with`` too), raising ``LockNotAcquired``
+        if another holder keeps it for ``wait``. Options as for
+        :meth:`run_exclusive`, validated now.
+        """
+        return Lock(key, backend=self._backend, **options)
+
     def run_exclusive(
         self,
         key: str,
         fn: Callable[[], T],
         *,
-        ttl: Duration | None = None,
-        refresh_interval: Duration | None = None,
-        max_lifetime: Duration | None = None,
         on_locked: Callable[[], object] | None = None,
+        **options: Unpack[LockKwargs],
     ) -> LockResult[T]:
         """Run ``fn()`` if, and only if, nobody else holds ``key``.
 
         Args:
             key: the caller's key (1 to 245 characters), stored as ``"task-lock:" + key``.
             fn: a zero-argument callable; its return value becomes ``result``.
+            on_locked: zero-argument callable called when the key is held elsewhere.
             ttl: seconds or timedelta the lease lasts unless refreshed (default 15 min).
             refresh_interval: how often the heartbeat extends the lease while ``fn``
                 runs (default ``ttl / 3``; must be less than ``ttl``).
             max_lifetime: after this long (default and most 24 h) the lease is no
                 longer extended, so a runaway ``fn`` cannot hold the key forever.
-            on_locked: zero-argument callable called when the key is held elsewhere.
+            wait: keep trying this long while the key is held (default: not at all).
+            min_hold: when ``fn`` ends sooner, the key stays held until acquisition
+                + ``min_hold`` (at most ``max_lifetime``), kept by the storage.
+            fencing: give the grant a fencing token (``LockResult.fence``).
 
         The lease is released whether ``fn`` returns or raises (any
         ``BaseException``, which then propagates unchanged). If the storage
@@ -96,84 +105,77 @@ class TaskLockService:
         Raises:
             TypeError, ValueError: bad arguments, naming the parameter; nothing is written.
         """
-        lease = self._acquire(key, fn, ttl, refresh_interval, max_lifetime, on_locked)
-        if lease is None:
+        validate_key(key)
+        validate_sync_callable("fn", fn, twin="arun_exclusive")
+        validate_callable("on_locked", on_locked, optional=True)
+        lock = self.lock(key, **options)
+        if not lock.try_acquire():
             if on_locked is not None:
                 on_locked()
             return LockResult(acquired=False)
         try:
-            self._hold(lease)
             result = fn()
         finally:
-            self._release(lease)
-        return LockResult(acquired=True, result=result, lost=lease.lost)
+            lock.release()
+        return LockResult(acquired=True, result=result, lost=lock.lost, fence=lock.fence)
 
-    def _acquire(
+    async def arun_exclusive(
         self,
         key: str,
-        fn: object,
-        ttl: Duration | None,
-        refresh_interval: Duration | None,
-        max_lifetime: Duration | None,
-        on_locked: object,
-    ) -> Lease | None:
+        async_fn: Callable[[], Awaitable[T]],
+        *,
+        on_locked: Callable[[], object] | None = None,
+        **options: Unpack[LockKwargs],
+    ) -> LockResult[T]:
+        """The asyncio twin of :meth:`run_exclusive`: ``await async_fn()`` under the lock.
+
+        Storage calls run in a worker thread and waiting is ``asyncio.sleep``,
+        so nothing blocks the event loop. Cancelling the awaiting task
+        releases the lock and the ``CancelledError`` propagates. ``on_locked``
+        may be a plain or an ``async`` function.
+        """
         validate_key(key)
-        validate_callable("fn", fn)
+        validate_async_callable("async_fn", async_fn, twin="run_exclusive")
         validate_callable("on_locked", on_locked, optional=True)
-        options = LockOptions.resolve(
-            ttl=ttl, refresh_interval=refresh_interval, max_lifetime=max_lifetime
-        )
-        backend = self.backend
-        token = new_token()
-        asked_at = time.monotonic()
-        if not backend.acquire(key, token, ttl=options.ttl, max_lifetime=options.max_lifetime):
-            return None
-        return Lease(backend, key, token, Holder.from_token(token), options, asked_at=asked_at)
-
-    def _hold(self, lease: Lease) -> None:
-        """Start keeping ``lease`` alive (call inside the ``try`` that releases it)."""
-        heartbeat().add(lease)
-        lease.announce(lock_acquired)
-
-    def _release(self, lease: Lease) -> None:
-        if lease.pid != os.getpid():
-            return  # a forked child leaving the work: the lease is its parent's
-        heartbeat().remove(lease)
+        lock = self.lock(key, **options)
+        if not await lock.atry_acquire():
+            if on_locked is not None:
+                outcome = on_locked()
+                if inspect.isawaitable(outcome):
+                    await outcome
+            return LockResult(acquired=False)
         try:
-            released = lease.backend.release(lease.key, lease.token)
-        except Exception:
-            logger.warning(
-                "Releasing task lock %r failed; the lease will expire by itself.",
-                lease.key,
-                exc_info=True,
-            )
-            if time.monotonic() > lease.valid_until:
-                lease.report_lost("release, after the lease could have run out")
-            return
-        if released:
-            lease.announce(lock_released)
-        else:
-            lease.report_lost("release")
+            result = await async_fn()
+        finally:
+            await lock.arelease()
+        return LockResult(acquired=True, result=result, lost=lock.lost, fence=lock.fence)
 
 
 _default_service = TaskLockService()
+
+
+def lock(key: str, **options: Unpack[LockKwargs]) -> Lock:
+    """:meth:`TaskLockService.lock` on the service of ``TASKLOCK_BACKEND``."""
+    return _default_service.lock(key, **options)
 
 
 def run_exclusive(
     key: str,
     fn: Callable[[], T],
     *,
-    ttl: Duration | None = None,
-    refresh_interval: Duration | None = None,
-    max_lifetime: Duration | None = None,
     on_locked: Callable[[], object] | None = None,
+    **options: Unpack[LockKwargs],
 ) -> LockResult[T]:
     """:meth:`TaskLockService.run_exclusive` on the service of ``TASKLOCK_BACKEND``."""
-    return _default_service.run_exclusive(
-        key,
-        fn,
-        ttl=ttl,
-        refresh_interval=refresh_interval,
-        max_lifetime=max_lifetime,
-        on_locked=on_locked,
-    )
+    return _default_service.run_exclusive(key, fn, on_locked=on_locked, **options)
+
+
+async def arun_exclusive(
+    key: str,
+    async_fn: Callable[[], Awaitable[T]],
+    *,
+    on_locked: Callable[[], object] | None = None,
+    **options: Unpack[LockKwargs],
+) -> LockResult[T]:
+    """:meth:`TaskLockService.arun_exclusive` on the service of ``TASKLOCK_BACKEND``."""
+    return await _default_service.arun_exclusive(key, async_fn, on_locked=on_locked, **options)

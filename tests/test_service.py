@@ -201,19 +201,18 @@ def test_a_forked_child_never_releases_its_parents_lease() -> None:
 
     backend = RedisBackend(url=settings.REDIS_URL)
     service = TaskLockService(backend)
-    lease = service._acquire("forked", lambda: None, 30, None, None, None)
-    assert lease is not None
+    lock = service.lock("forked", ttl=30).acquire()
     try:
         pid = os.fork()
-        if pid == 0:  # the child leaves the work as run_exclusive's finally would
-            service._release(lease)
+        if pid == 0:  # the child leaves the work as a with block's exit would
+            lock.release()
             os._exit(0)
         os.waitpid(pid, 0)
         held = backend.peek("forked")
         assert held is not None
         assert held.holder.pid == os.getpid()
     finally:
-        service._release(lease)
+        lock.release()
     assert backend.peek("forked") is None
 
 

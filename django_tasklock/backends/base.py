@@ -119,8 +119,15 @@ class BaseBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def release(self, key: str, token: str) -> bool:
-        """Delete the lease if, and only if, ``token`` holds it. True if deleted."""
+    def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
+        """End the lease if, and only if, ``token`` holds it live. True if it did.
+
+        With ``min_hold`` the key is not freed before acquisition + ``min_hold``
+        (by the storage's clock): while that is still ahead, the lease is made
+        to end exactly then instead of being deleted, so the key stays held
+        even if this process dies. ``min_hold`` arrives validated (at most
+        ``max_lifetime``); it is passed only when the caller asked for it.
+        """
 
     @abc.abstractmethod
     def force_release(self, key: str) -> bool:
@@ -140,6 +147,19 @@ class BaseBackend(abc.ABC):
 
         With ``dry_run`` nothing is deleted and the count is of what would be.
         """
+
+    def fence(self, key: str, token: str) -> int | None:
+        """The next fencing token of ``key``, if ``token`` holds its live lease; else None.
+
+        Fencing tokens of a key strictly increase across every grant, whoever
+        held it, through expiry, crashes, ``force_release`` and
+        ``clear_stale``: the counter lives outside the lock namespace and no
+        sweep touches it. The check that ``token`` still holds the lease and
+        the increment must be one atomic step, so that a holder paused
+        between acquiring and fencing never gets a number above its
+        successor's. A backend that cannot do this leaves this method as is.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not give fencing tokens")
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Let go of connections the calling thread holds (called by idle threads)."""

@@ -172,16 +172,57 @@ class DatabaseBackend(BaseBackend):
             raise
         return updated == 1
 
-    def release(self, key: str, token: str) -> bool:
+    def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
         with self._test_leases_lock:
             self._test_leases.discard((storage_key(key), token))
         alias = alias_for_writing(self.using)
         ours = self._model().objects.using(alias).filter(key=storage_key(key), value=token)
+        if min_hold is not None:
+            # Held until created_at + min_hold, by the server's clock: cut the
+            # lease to end then, while that is still ahead; else delete it.
+            young = ours.filter(expires_at__gt=Now(), created_at__gt=Now() - min_hold)
+            if young.update(expires_at=F("created_at") + min_hold):
+                return True
         if ours.filter(expires_at__gt=Now())._raw_delete(alias):
             return True
         # Not live: lost. Still clear our own expired row, if it is there.
         ours._raw_delete(alias)
         return False
+
+    def fence(self, key: str, token: str) -> int | None:
+        """Increment ``tasklock_fences`` for ``key`` while ``token`` holds the live row.
+
+        On PostgreSQL and SQLite this is one statement, an upsert guarded by
+        ``EXISTS`` on the lease row (PostgreSQL locks that row ``FOR UPDATE``,
+        so a successor's takeover waits for it; SQLite has one writer). Other
+        databases use a short transaction that locks the lease row first.
+        """
+        alias = alias_for_writing(self.using)
+        held = (
+            self._model()
+            .objects.using(alias)
+            .filter(key=storage_key(key), value=token, expires_at__gt=Now())
+            .filter(created_at__gt=Now() - STALE_AFTER)
+        )
+        connection = connections[alias]
+        if connection.vendor not in ("postgresql", "sqlite"):
+            return _fence_in_transaction(alias, key, held)
+        from django_tasklock.models import FenceCounter
+
+        quote = connection.ops.quote_name
+        table = quote(FenceCounter._meta.db_table)
+        exists_sql, exists_params = held.values("key").query.get_compiler(alias).as_sql()
+        lock_row = " FOR UPDATE" if connection.vendor == "postgresql" else ""
+        sql = (
+            f"INSERT INTO {table} ({quote('key')}, {quote('value')}) "
+            f"SELECT %s, 1 WHERE EXISTS ({exists_sql}{lock_row}) "
+            f"ON CONFLICT ({quote('key')}) DO UPDATE SET {quote('value')} = "
+            f"{table}.{quote('value')} + 1 RETURNING {quote('value')}"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, (key, *exists_params))
+            row = cursor.fetchone()
+        return None if row is None else int(row[0])
 
     def force_release(self, key: str) -> bool:
         alias = alias_for_writing(self.using)
@@ -259,3 +300,18 @@ def _savepoint_if_in_transaction(alias: str) -> AbstractContextManager[Any]:
     if connections[alias].in_atomic_block:
         return transaction.atomic(using=alias)
     return nullcontext()
+
+
+def _fence_in_transaction(alias: str, key: str, held: QuerySet[CacheEntry]) -> int | None:
+    """The portable fence: lock the lease row, then bump (or create) the counter."""
+    from django_tasklock.models import FenceCounter
+
+    counters = FenceCounter.objects.using(alias)
+    with transaction.atomic(using=alias):
+        if not held.select_for_update().exists():
+            return None
+        # The locked lease row keeps every other holder of the key out until
+        # this commits, so nobody else can create the counter meanwhile.
+        if not counters.filter(key=key).update(value=F("value") + 1):
+            counters.create(key=key, value=1)
+        return int(counters.values_list("value", flat=True).get(key=key))

@@ -42,6 +42,7 @@ class MemoryBackend(BaseBackend):
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._leases: dict[str, _Lease] = {}
+        self._fences: dict[str, int] = {}  # never swept: fences outlive leases
         self._lock = threading.Lock()
 
     def _live(self, key: str, now: float) -> _Lease | None:
@@ -80,14 +81,34 @@ class MemoryBackend(BaseBackend):
                 lease.expires = expires
             return True
 
-    def release(self, key: str, token: str) -> bool:
-        """Delete the lease held by ``token``; False if it expired or another holds it."""
+    def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
+        """Delete the lease held by ``token``; False if it expired or another holds it.
+
+        With ``min_hold``, a lease younger than that is cut to end at
+        acquisition + ``min_hold`` instead.
+        """
         with self._lock:
+            now = self._clock()
             lease = self._leases.get(key)
             if lease is None or lease.token != token:
                 return False
+            live = not self._is_free(lease, now)
+            if live and min_hold is not None:
+                hold_until = lease.acquired + min_hold.total_seconds()
+                if hold_until > now:
+                    lease.expires = hold_until
+                    return True
             del self._leases[key]
-            return not self._is_free(lease, self._clock())
+            return live
+
+    def fence(self, key: str, token: str) -> int | None:
+        """The key's next fencing token while ``token`` holds its live lease."""
+        with self._lock:
+            lease = self._live(key, self._clock())
+            if lease is None or lease.token != token:
+                return None
+            self._fences[key] = self._fences.get(key, 0) + 1
+            return self._fences[key]
 
     def force_release(self, key: str) -> bool:
         """Delete ``key``'s lease; True only if it was live."""

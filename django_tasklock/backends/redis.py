@@ -63,6 +63,9 @@ end
 """
 
 # Each script takes KEYS[1], the stored key.
+#: Fence counters live outside the lock namespace (``task-lock:``), so that
+#: SCAN-based listing and sweeping never see them; they have no TTL.
+FENCE_PREFIX = "tasklock-fence:"
 _SCRIPTS = {
     # ARGV: token, lease_ms, stale_ms. 1 if acquired.
     "acquire": """
@@ -83,11 +86,27 @@ local left = math.min(tonumber(ARGV[2]), at + tonumber(ARGV[3]) - now_ms())
 if left > 0 then redis.call('PEXPIRE', KEYS[1], left) end
 return 1
 """,
-    # ARGV: token. 1 if deleted.
+    # ARGV: token, min_hold_ms (0: none). 1 if ended (deleted, or cut to end at
+    # acquisition + min_hold while that is still ahead).
     "release": """
+local token, at = parse(redis.pcall('GET', KEYS[1]))
+if token ~= ARGV[1] then return 0 end
+local hold = tonumber(ARGV[2])
+if hold > 0 then
+  local left = at + hold - now_ms()
+  if left > 0 then
+    redis.call('PEXPIRE', KEYS[1], left)
+    return 1
+  end
+end
+return redis.call('DEL', KEYS[1])
+""",
+    # KEYS[2]: the fence counter. ARGV: token, stale_ms. The key's next fencing
+    # token while ARGV[1] holds the live lease, else nil.
+    "fence": """
 local token = parse(redis.pcall('GET', KEYS[1]))
-if token == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
+if token ~= ARGV[1] or is_free(KEYS[1], now_ms(), tonumber(ARGV[2])) then return nil end
+return redis.call('INCR', KEYS[2])
 """,
     # ARGV: stale_ms. nil if free, else {token, acquired_ms, pttl, now_ms}; a value
     # not written here gives itself as the token and the time of reading.
@@ -247,8 +266,19 @@ class RedisBackend(BaseBackend):
         """
         return bool(self._run("refresh", storage_key(key), token, _ms(ttl), _ms(max_lifetime)))
 
-    def release(self, key: str, token: str) -> bool:
-        return bool(self._run("release", storage_key(key), token))
+    def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
+        """Delete the lease held by ``token``; with ``min_hold``, ``PEXPIRE`` it to end
+        at acquisition + ``min_hold`` (by the server's clock) while that is ahead."""
+        hold_ms = 0 if min_hold is None else _ms(min_hold)
+        return bool(self._run("release", storage_key(key), token, hold_ms))
+
+    def fence(self, key: str, token: str) -> int | None:
+        """``INCR tasklock-fence:<key>`` in the same script that checks the lease."""
+        self._conn()
+        reply = self._scripts["fence"](
+            keys=[storage_key(key), FENCE_PREFIX + key], args=[token, _STALE_MS]
+        )
+        return None if reply is None else int(reply)
 
     def force_release(self, key: str) -> bool:
         return bool(self._conn().delete(storage_key(key)))

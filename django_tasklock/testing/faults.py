@@ -33,10 +33,15 @@ class FaultyBackend(BaseBackend):
             raise InjectedFault("injected refresh failure")
         return self.inner.refresh(key, token, ttl=ttl, max_lifetime=max_lifetime)
 
-    def release(self, key: str, token: str) -> bool:
+    def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
         if self.release_fails:
             raise InjectedFault("injected release failure")
-        return self.inner.release(key, token)
+        if min_hold is None:
+            return self.inner.release(key, token)
+        return self.inner.release(key, token, min_hold=min_hold)
+
+    def fence(self, key: str, token: str) -> int | None:
+        return self.inner.fence(key, token)
 
     def force_release(self, key: str) -> bool:
         return self.inner.force_release(key)

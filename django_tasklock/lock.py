@@ -1,0 +1,319 @@
+"""The lock object everything else wraps: acquire (waiting if asked), hold, release.
+
+``run_exclusive``, ``arun_exclusive``, ``with lock``, ``async with lock`` (and
+the decorator) are thin layers over :class:`Lock`. Its async methods run the
+same synchronous steps off the event loop; only the pauses between looks at a
+held key are ``asyncio.sleep``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from asgiref.sync import sync_to_async
+
+from django_tasklock.backends import get_backend
+from django_tasklock.backends.base import BaseBackend, Holder
+from django_tasklock.exceptions import LockNotAcquired
+from django_tasklock.heartbeat import heartbeat
+from django_tasklock.lease import Lease, new_token
+from django_tasklock.options import (
+    LockOptions,
+    check_lock_kwargs,
+    validate_flag,
+    validate_key,
+    validate_min_hold,
+    validate_wait,
+)
+from django_tasklock.signals import lock_acquired, lock_released
+from django_tasklock.waiting import Backoff
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from django_tasklock.options import LockKwargs
+
+logger = logging.getLogger("django_tasklock")
+
+T = TypeVar("T")
+
+#: Tasks that must finish even if whoever started them is cancelled.
+_background: set[asyncio.Future[Any]] = set()
+
+
+def _keep(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
+    task = asyncio.ensure_future(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return task
+
+
+class Lock:
+    """A lease lock on one key: ``with``, ``async with``, or ``acquire()``/``release()``.
+
+    Made by :meth:`TaskLockService.lock` (or ``django_tasklock.lock``); every
+    option is validated here, before anything is written. A Lock object
+    holds the key at most once at a time and may be acquired again after it
+    is released (each time with a new token).
+
+    While held: ``holder`` is who holds it (this host and pid), ``lost``
+    turns True if the lease is lost (expired, taken over, force-released),
+    and ``fence`` is the grant's fencing token when ``fencing=True``.
+    """
+
+    def __init__(
+        self, key: str, *, backend: BaseBackend | None = None, **options: Unpack[LockKwargs]
+    ) -> None:
+        check_lock_kwargs(options)
+        self.key = validate_key(key)
+        self.options = LockOptions.resolve(
+            ttl=options.get("ttl"),
+            refresh_interval=options.get("refresh_interval"),
+            max_lifetime=options.get("max_lifetime"),
+        )
+        self.wait = validate_wait(options.get("wait"))
+        self.min_hold = validate_min_hold(options.get("min_hold"), self.options.max_lifetime)
+        self.fencing = validate_flag("fencing", options.get("fencing", False))
+        #: The grant's fencing token (``fencing=True``), strictly increasing per key.
+        self.fence: int | None = None
+        self._backend = backend
+        self._lease: Lease | None = None
+        self._held = False
+
+    def __repr__(self) -> str:
+        return f"<Lock {self.key!r} {'held' if self._held else 'not held'}>"
+
+    @property
+    def backend(self) -> BaseBackend:
+        """The backend given, else the one ``TASKLOCK_BACKEND`` names now."""
+        return self._backend if self._backend is not None else get_backend()
+
+    @property
+    def held(self) -> bool:
+        """True from acquisition to release (even if the lease was lost meanwhile)."""
+        return self._held
+
+    @property
+    def holder(self) -> Holder | None:
+        """This host and pid once acquired (kept after release), else None."""
+        return self._lease.holder if self._lease is not None else None
+
+    @property
+    def lost(self) -> bool:
+        """True once a refresh or the release found the lease gone or someone else's."""
+        return self._lease is not None and self._lease.lost
+
+    # -- sync ------------------------------------------------------------------
+
+    def acquire(self) -> Lock:
+        """Take the key, waiting up to ``wait``; return this lock.
+
+        Raises:
+            LockNotAcquired: another holder kept the key all along.
+            The storage's own error when it cannot be reached (never "not acquired").
+        """
+        if not self.try_acquire():
+            raise LockNotAcquired(self.key, self.wait or None)
+        return self
+
+    def try_acquire(self) -> bool:
+        """Like :meth:`acquire`, but False instead of ``LockNotAcquired``."""
+        backend = self._ready()
+        backoff = Backoff(self.wait)
+        look_first = False
+        while True:
+            acquired, seconds_left = self._try_once(backend, look_first)
+            if acquired:
+                return True
+            pause = backoff.next_pause(seconds_left)
+            if pause is None:
+                return False
+            time.sleep(pause)
+            look_first = True
+
+    def release(self) -> None:
+        """Let go of the key (with ``min_hold``: not before acquisition + ``min_hold``).
+
+        A failed release is logged and the lease left to expire; finding the
+        lease gone or someone else's marks it ``lost``. Never raises for the
+        storage's sake. Raises ``RuntimeError`` if this lock is not held.
+        """
+        lease = self._lease
+        if lease is None or not self._held:
+            raise RuntimeError(f"task lock {self.key!r} is not held")
+        self._held = False
+        self._end(lease)
+
+    def __enter__(self) -> Lock:
+        return self.acquire()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    # -- async -----------------------------------------------------------------
+
+    async def aacquire(self) -> Lock:
+        """:meth:`acquire` without blocking the event loop."""
+        if not await self.atry_acquire():
+            raise LockNotAcquired(self.key, self.wait or None)
+        return self
+
+    async def atry_acquire(self) -> bool:
+        """:meth:`try_acquire` without blocking the event loop.
+
+        Cancelling the awaiting task while an attempt is under way lets the
+        attempt finish in its thread and releases what it took.
+        """
+        backend = self._ready()
+        backoff = Backoff(self.wait)
+        look_first = False
+        while True:
+            attempt = asyncio.ensure_future(_off_loop(self._try_once)(backend, look_first))
+            try:
+                acquired, seconds_left = await asyncio.shield(attempt)
+            except asyncio.CancelledError:
+                attempt.add_done_callback(self._undo)
+                raise
+            if acquired:
+                return True
+            pause = backoff.next_pause(seconds_left)
+            if pause is None:
+                return False
+            await asyncio.sleep(pause)
+            look_first = True
+
+    async def arelease(self) -> None:
+        """:meth:`release` off the event loop; it completes even if the caller is cancelled."""
+        await asyncio.shield(_keep(_off_loop(self.release)()))
+
+    async def __aenter__(self) -> Lock:
+        return await self.aacquire()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.arelease()
+
+    # -- the steps -------------------------------------------------------------
+
+    def _ready(self) -> BaseBackend:
+        if self._held:
+            raise RuntimeError(f"task lock {self.key!r} is already held by this Lock")
+        backend = self.backend
+        if self.fencing and type(backend).fence is BaseBackend.fence:
+            raise NotImplementedError(
+                f"fencing=True needs a backend with fencing tokens; "
+                f"{type(backend).__name__} has none"
+            )
+        return backend
+
+    def _try_once(self, backend: BaseBackend, look_first: bool) -> tuple[bool, float | None]:
+        """One look at the key: (acquired, seconds the holder's lease has left if seen).
+
+        A waiter reads before it writes: while the key is held, polling costs
+        one read and no failed INSERT (which PostgreSQL would log as an error).
+        """
+        if look_first:
+            held = backend.peek(self.key)
+            if held is not None:
+                return False, held.seconds_left
+        return self._grant(backend), None
+
+    def _grant(self, backend: BaseBackend) -> bool:
+        token = new_token()
+        lease = Lease(
+            backend,
+            self.key,
+            token,
+            Holder.from_token(token),
+            self.options,
+            asked_at=time.monotonic(),
+        )
+        if not backend.acquire(
+            self.key, token, ttl=self.options.ttl, max_lifetime=self.options.max_lifetime
+        ):
+            return False
+        try:
+            fence = backend.fence(self.key, token) if self.fencing else None
+        except BaseException:
+            _discard(backend, self.key, token)
+            raise
+        if self.fencing and fence is None:
+            # Expired before it was fenced: not a grant. Clear our row if left.
+            _discard(backend, self.key, token)
+            return False
+        self._lease, self._held, self.fence = lease, True, fence
+        try:
+            heartbeat().add(lease)
+            lease.announce(lock_acquired)
+        except BaseException:
+            # Whatever stops us here (KeyboardInterrupt, a receiver's
+            # SystemExit) must not leave the key held until the ttl runs out.
+            self._held = False
+            self._end(lease)
+            raise
+        return True
+
+    def _end(self, lease: Lease) -> None:
+        if lease.pid != os.getpid():
+            return  # a forked child leaving the work: the lease is its parent's
+        heartbeat().remove(lease)
+        try:
+            if self.min_hold is None:
+                released = lease.backend.release(lease.key, lease.token)
+            else:
+                released = lease.backend.release(lease.key, lease.token, min_hold=self.min_hold)
+        except Exception:
+            logger.warning(
+                "Releasing task lock %r failed; the lease will expire by itself.",
+                lease.key,
+                exc_info=True,
+            )
+            if time.monotonic() > lease.valid_until:
+                lease.report_lost("release, after the lease could have run out")
+            return
+        if released:
+            lease.announce(lock_released)
+        else:
+            lease.report_lost("release")
+
+    def _undo(self, attempt: asyncio.Future[tuple[bool, float | None]]) -> None:
+        """Release what an attempt abandoned by a cancelled caller acquired."""
+        if attempt.cancelled() or attempt.exception() is not None:
+            return
+        if attempt.result()[0]:
+            _keep(_off_loop(self.release)())
+
+
+def _discard(backend: BaseBackend, key: str, token: str) -> None:
+    """Delete a lease we will not hand out; if that fails, it expires by itself."""
+    try:
+        backend.release(key, token)
+    except Exception:
+        logger.warning("Releasing task lock %r failed.", key, exc_info=True)
+
+
+def _off_loop(fn: Any) -> Any:
+    """``fn`` run in a worker thread, the one Django's own async ORM calls use.
+
+    ``thread_sensitive=True`` runs it where ``sync_to_async`` runs Django's
+    ORM (the request's thread under ASGI, else one shared thread), so the
+    database backend uses the connection Django manages there and closes by
+    its usual rules (``CONN_MAX_AGE``, ``close_old_connections``), never a
+    connection per pool thread that nothing would close.
+    """
+    return sync_to_async(fn, thread_sensitive=True)
