@@ -1,0 +1,13 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from tests import views
+
+urlpatterns = [
+    path("report/<str:name>/", views.report),
+    path("async/<str:name>/", views.async_report),
+    path("class/<str:name>/", views.ReportView.as_view()),
+    path("slow/<str:name>/", views.slow),
+    path("non-atomic/<str:name>/", views.non_atomic),
+]
