@@ -30,7 +30,15 @@ LOCK_SETTINGS: dict[str, dict[str, Any]] = {
     "postgres": {"TASKLOCK_BACKEND": "database", "TASKLOCK_DATABASE": "postgres"},
     "redis": {"TASKLOCK_BACKEND": "redis", "TASKLOCK_REDIS_URL": settings.REDIS_URL},
     "memory": {"TASKLOCK_BACKEND": "memory"},
+    # MySQL/MariaDB, when the suite has such a database.
+    **{
+        alias: {"TASKLOCK_BACKEND": "database", "TASKLOCK_DATABASE": alias}
+        for alias, database in settings.DATABASES.items()
+        if database["ENGINE"].endswith("mysql")
+    },
 }
+#: The backends on which views must work under ATOMIC_REQUESTS.
+ATOMIC_REQUESTS_BACKENDS = [name for name in LOCK_SETTINGS if name != "sqlite"]
 
 
 def use_backend(name: str) -> Any:
@@ -58,7 +66,7 @@ def test_view_answers_409_while_its_key_is_held(route: str, key: str) -> None:
     assert client.get(f"/{route}/{key}/").status_code == 200
 
 
-@pytest.fixture(params=["postgres", "redis", "memory"])
+@pytest.fixture(params=ATOMIC_REQUESTS_BACKENDS)
 def atomic_requests(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[None]:
