@@ -12,12 +12,10 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Coroutine
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
-from asgiref.sync import sync_to_async
-
+from django_tasklock.aio import keep, off_loop
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, Holder
 from django_tasklock.exceptions import LockNotAcquired
@@ -40,18 +38,6 @@ if TYPE_CHECKING:
     from django_tasklock.options import LockKwargs
 
 logger = logging.getLogger("django_tasklock")
-
-T = TypeVar("T")
-
-#: Tasks that must finish even if whoever started them is cancelled.
-_background: set[asyncio.Future[Any]] = set()
-
-
-def _keep(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
-    task = asyncio.ensure_future(coro)
-    _background.add(task)
-    task.add_done_callback(_background.discard)
-    return task
 
 
 class Lock:
@@ -179,7 +165,7 @@ class Lock:
         backoff = Backoff(self.wait)
         look_first = False
         while True:
-            attempt = asyncio.ensure_future(_off_loop(self._try_once)(backend, look_first))
+            attempt = asyncio.ensure_future(off_loop(self._try_once)(backend, look_first))
             try:
                 acquired, seconds_left = await asyncio.shield(attempt)
             except asyncio.CancelledError:
@@ -195,7 +181,7 @@ class Lock:
 
     async def arelease(self) -> None:
         """:meth:`release` off the event loop; it completes even if the caller is cancelled."""
-        await asyncio.shield(_keep(_off_loop(self.release)()))
+        await asyncio.shield(keep(off_loop(self.release)()))
 
     async def __aenter__(self) -> Lock:
         return await self.aacquire()
@@ -243,15 +229,20 @@ class Lock:
             self.options,
             asked_at=time.monotonic(),
         )
-        if not backend.acquire(
-            self.key, token, ttl=self.options.ttl, max_lifetime=self.options.max_lifetime
-        ):
-            return False
+        # The token exists before the request goes out: interrupted before we
+        # learn whether the lease was granted (KeyboardInterrupt), or failing
+        # to fence it, we release by the token, which deletes nothing if the
+        # lease was not granted.
         try:
-            fence = backend.fence(self.key, token) if self.fencing else None
+            granted = backend.acquire(
+                self.key, token, ttl=self.options.ttl, max_lifetime=self.options.max_lifetime
+            )
+            fence = backend.fence(self.key, token) if granted and self.fencing else None
         except BaseException:
             _discard(backend, self.key, token)
             raise
+        if not granted:
+            return False
         if self.fencing and fence is None:
             # Expired before it was fenced: not a grant. Clear our row if left.
             _discard(backend, self.key, token)
@@ -271,7 +262,12 @@ class Lock:
     def _end(self, lease: Lease) -> None:
         if lease.pid != os.getpid():
             return  # a forked child leaving the work: the lease is its parent's
-        heartbeat().remove(lease)
+        try:
+            heartbeat().remove(lease)
+        finally:  # even interrupted here, the lease is released
+            self._send_release(lease)
+
+    def _send_release(self, lease: Lease) -> None:
         try:
             if self.min_hold is None:
                 released = lease.backend.release(lease.key, lease.token)
@@ -296,24 +292,12 @@ class Lock:
         if attempt.cancelled() or attempt.exception() is not None:
             return
         if attempt.result()[0]:
-            _keep(_off_loop(self.release)())
+            keep(off_loop(self.release)())
 
 
 def _discard(backend: BaseBackend, key: str, token: str) -> None:
-    """Delete a lease we will not hand out; if that fails, it expires by itself."""
+    """Delete a lease we will not hand out (if granted); if that fails, it expires by itself."""
     try:
         backend.release(key, token)
     except Exception:
-        logger.warning("Releasing task lock %r failed.", key, exc_info=True)
-
-
-def _off_loop(fn: Any) -> Any:
-    """``fn`` run in a worker thread, the one Django's own async ORM calls use.
-
-    ``thread_sensitive=True`` runs it where ``sync_to_async`` runs Django's
-    ORM (the request's thread under ASGI, else one shared thread), so the
-    database backend uses the connection Django manages there and closes by
-    its usual rules (``CONN_MAX_AGE``, ``close_old_connections``), never a
-    connection per pool thread that nothing would close.
-    """
-    return sync_to_async(fn, thread_sensitive=True)
+        logger.debug("Releasing %r after an unfinished acquisition failed.", key, exc_info=True)

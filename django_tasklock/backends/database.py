@@ -8,7 +8,9 @@ database server's ``Now()``, so workers' clocks never decide who holds a key.
 Statements run in autocommit, one round trip each: acquiring a free key is one
 INSERT, releasing is one DELETE, a refresh is one UPDATE. Only an INSERT that
 conflicts is followed by a SELECT of the row, which tells "held" from "free to
-take over" (expired, or older than 24 h) by the server's clock.
+take over" (expired, or older than 24 h) by the server's clock. A release
+with ``min_hold`` is one UPDATE while the hold lasts; a fence is one more
+statement (see ``db_fences``).
 
 ``QuerySet.delete()`` is avoided on purpose: it wraps itself in a transaction,
 and with signal receivers it deletes by primary key after a SELECT, which
@@ -45,6 +47,7 @@ from django_tasklock.backends.db_connections import (
     in_test_transaction,
     is_key_conflict,
 )
+from django_tasklock.backends.db_fences import next_fence_in_transaction, next_fence_upsert
 from django_tasklock.conf import conf
 from django_tasklock.exceptions import TaskLockError
 
@@ -68,6 +71,9 @@ class DatabaseBackend(BaseBackend):
     heartbeat (whose thread cannot see that transaction) leaves such leases
     alone: keep work under a ``TestCase`` shorter than its ``ttl``.
     """
+
+    #: Databases whose fence is one upsert statement (the others: a transaction).
+    single_statement_fence_vendors: tuple[str, ...] = ("postgresql", "sqlite")
 
     def __init__(self, using: str = "default") -> None:
         self.using = using
@@ -192,10 +198,8 @@ class DatabaseBackend(BaseBackend):
     def fence(self, key: str, token: str) -> int | None:
         """Increment ``tasklock_fences`` for ``key`` while ``token`` holds the live row.
 
-        On PostgreSQL and SQLite this is one statement, an upsert guarded by
-        ``EXISTS`` on the lease row (PostgreSQL locks that row ``FOR UPDATE``,
-        so a successor's takeover waits for it; SQLite has one writer). Other
-        databases use a short transaction that locks the lease row first.
+        One statement on PostgreSQL and SQLite, a short transaction elsewhere
+        (see ``db_fences``).
         """
         alias = alias_for_writing(self.using)
         held = (
@@ -204,25 +208,9 @@ class DatabaseBackend(BaseBackend):
             .filter(key=storage_key(key), value=token, expires_at__gt=Now())
             .filter(created_at__gt=Now() - STALE_AFTER)
         )
-        connection = connections[alias]
-        if connection.vendor not in ("postgresql", "sqlite"):
-            return _fence_in_transaction(alias, key, held)
-        from django_tasklock.models import FenceCounter
-
-        quote = connection.ops.quote_name
-        table = quote(FenceCounter._meta.db_table)
-        exists_sql, exists_params = held.values("key").query.get_compiler(alias).as_sql()
-        lock_row = " FOR UPDATE" if connection.vendor == "postgresql" else ""
-        sql = (
-            f"INSERT INTO {table} ({quote('key')}, {quote('value')}) "
-            f"SELECT %s, 1 WHERE EXISTS ({exists_sql}{lock_row}) "
-            f"ON CONFLICT ({quote('key')}) DO UPDATE SET {quote('value')} = "
-            f"{table}.{quote('value')} + 1 RETURNING {quote('value')}"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, (key, *exists_params))
-            row = cursor.fetchone()
-        return None if row is None else int(row[0])
+        if connections[alias].vendor in self.single_statement_fence_vendors:
+            return next_fence_upsert(alias, key, held)
+        return next_fence_in_transaction(alias, key, held)
 
     def force_release(self, key: str) -> bool:
         alias = alias_for_writing(self.using)
@@ -300,18 +288,3 @@ def _savepoint_if_in_transaction(alias: str) -> AbstractContextManager[Any]:
     if connections[alias].in_atomic_block:
         return transaction.atomic(using=alias)
     return nullcontext()
-
-
-def _fence_in_transaction(alias: str, key: str, held: QuerySet[CacheEntry]) -> int | None:
-    """The portable fence: lock the lease row, then bump (or create) the counter."""
-    from django_tasklock.models import FenceCounter
-
-    counters = FenceCounter.objects.using(alias)
-    with transaction.atomic(using=alias):
-        if not held.select_for_update().exists():
-            return None
-        # The locked lease row keeps every other holder of the key out until
-        # this commits, so nobody else can create the counter meanwhile.
-        if not counters.filter(key=key).update(value=F("value") + 1):
-            counters.create(key=key, value=1)
-        return int(counters.values_list("value", flat=True).get(key=key))

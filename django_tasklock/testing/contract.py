@@ -25,14 +25,18 @@ from django_tasklock.service import TaskLockService
 from django_tasklock.signals import lock_acquired, lock_lost, lock_released
 from django_tasklock.testing.cases_exclusion import ExclusionCases
 from django_tasklock.testing.cases_failures import FailureCases
+from django_tasklock.testing.cases_fencing import FencingCases
 from django_tasklock.testing.cases_lease import LeaseCases
+from django_tasklock.testing.cases_lock import LockCases
 from django_tasklock.testing.cases_operations import OperationCases
 from django_tasklock.testing.support import ContractBackend, SignalRecorder
 
 __all__ = ["BackendContract", "ContractBackend"]
 
 
-class BackendContract(ExclusionCases, LeaseCases, FailureCases, OperationCases):
+class BackendContract(
+    ExclusionCases, LeaseCases, FailureCases, OperationCases, LockCases, FencingCases
+):
     """SPEC §3 semantics, 1 to 10, against ``contract_backend``."""
 
     @pytest.fixture

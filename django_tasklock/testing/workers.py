@@ -94,3 +94,44 @@ def hold_until_killed(
 
     result = service.run_exclusive(key, work, ttl=ttl, refresh_interval=refresh_interval)
     conn.send(("not acquired", result.acquired))  # pragma: no cover - only when the test fails
+
+
+def fenced_write(path: str, fence: int, value: str) -> bool:
+    """A resource protected by fencing tokens: a file that keeps the last fence it saw.
+
+    A write is accepted only with a fence above every fence seen before, the
+    check and the write made under an exclusive ``flock`` (as a database would
+    with ``UPDATE ... WHERE last_fence < fence``).
+    """
+    import fcntl
+
+    with open(path, "a+") as resource:
+        fcntl.flock(resource, fcntl.LOCK_EX)
+        resource.seek(0)
+        last = resource.read().split()
+        if last and fence <= int(last[0]):
+            return False
+        resource.seek(0)
+        resource.truncate()
+        resource.write(f"{fence} {value}")
+        return True
+
+
+def hold_fenced(
+    recipe: BackendRecipe,
+    key: str,
+    ttl: float,
+    refresh_interval: float,
+    resource: str,
+    conn: Connection,
+) -> None:
+    """Hold ``key`` with a fence, report it, and write to ``resource`` when told to."""
+    from django_tasklock.service import TaskLockService
+
+    service = TaskLockService(recipe.build())
+    lock = service.lock(key, ttl=ttl, refresh_interval=refresh_interval, fencing=True)
+    with lock:
+        conn.send(("fenced", lock.fence))
+        conn.recv()  # the parent's go, given after it stopped and resumed us
+        assert lock.fence is not None
+        conn.send(("wrote", fenced_write(resource, lock.fence, "stale")))

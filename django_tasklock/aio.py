@@ -1,0 +1,34 @@
+"""Running the lock's synchronous steps from asyncio, without blocking the loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+
+T = TypeVar("T")
+
+#: Tasks that must finish even if whoever started them is cancelled.
+_background: set[asyncio.Future[Any]] = set()
+
+
+def keep(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
+    """Run ``coro`` as a task referenced until it ends (the loop keeps only weak ones)."""
+    task = asyncio.ensure_future(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return task
+
+
+def off_loop(fn: Callable[..., T]) -> Callable[..., Coroutine[Any, Any, T]]:
+    """``fn`` run in a worker thread, the one Django's own async ORM calls use.
+
+    ``thread_sensitive=True`` runs it where ``sync_to_async`` runs Django's
+    ORM (the request's thread under ASGI, else one shared thread), so the
+    database backend uses the connection Django manages there and closes by
+    its usual rules (``CONN_MAX_AGE``, ``close_old_connections``), never a
+    connection per pool thread that nothing would close.
+    """
+    return sync_to_async(fn, thread_sensitive=True)

@@ -1,0 +1,162 @@
+"""asyncio: arun_exclusive and async with never block the loop; cancelling releases."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from django_tasklock import TaskLockService, arun_exclusive
+from django_tasklock.backends.memory import MemoryBackend
+from django_tasklock.lease import new_token
+from django_tasklock.testing import ContractBackend
+from tests.conftest import database_backend, redis_backend, require_service
+
+LONG, LIFE = timedelta(seconds=30), timedelta(hours=1)
+
+
+@pytest.fixture(params=["postgres", "redis"])
+def networked(request: pytest.FixtureRequest, key: str) -> Iterator[ContractBackend]:
+    require_service(request.param)
+    if request.param == "postgres":
+        yield database_backend("postgres")
+    else:
+        yield from redis_backend(key)
+
+
+async def _nothing() -> str:
+    return "done"
+
+
+def test_arun_exclusive_runs_the_coroutine_and_releases() -> None:
+    backend = MemoryBackend()
+    service = TaskLockService(backend)
+    result = asyncio.run(service.arun_exclusive("a", _nothing, fencing=True))
+    assert (result.acquired, result.result, result.lost, result.fence) == (True, "done", False, 1)
+    assert backend.list() == []
+
+
+def test_arun_exclusive_on_a_held_key_calls_on_locked_plain_or_async() -> None:
+    backend = MemoryBackend()
+    service = TaskLockService(backend)
+    assert backend.acquire("held", new_token(), ttl=LONG, max_lifetime=LIFE)
+    called: list[str] = []
+
+    async def async_on_locked() -> None:
+        called.append("async")
+
+    async def main() -> None:
+        first = await service.arun_exclusive("held", _nothing, on_locked=async_on_locked)
+        second = await service.arun_exclusive(
+            "held", _nothing, on_locked=lambda: called.append("plain"), wait=0.1
+        )
+        assert not first.acquired
+        assert not second.acquired
+
+    asyncio.run(main())
+    assert called == ["async", "plain"]
+
+
+def test_arun_exclusive_wants_a_coroutine_function() -> None:
+    with pytest.raises(TypeError, match="run_exclusive"):
+        asyncio.run(arun_exclusive("k", lambda: None))  # type: ignore[arg-type,return-value]
+
+
+def test_cancelling_the_task_releases_the_lock_and_propagates() -> None:
+    backend = MemoryBackend()
+    service = TaskLockService(backend)
+
+    async def main() -> None:
+        started = asyncio.Event()
+
+        async def work() -> None:
+            started.set()
+            await asyncio.sleep(30)
+
+        task = asyncio.create_task(service.arun_exclusive("cancelled", work, ttl=30))
+        await started.wait()
+        assert backend.peek("cancelled") is not None
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert backend.list() == []
+
+
+def test_cancelling_a_waiter_mid_attempt_releases_what_the_attempt_took() -> None:
+    class SlowToAcquire(MemoryBackend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.entered, self.proceed = threading.Event(), threading.Event()
+
+        def acquire(
+            self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta
+        ) -> bool:
+            self.entered.set()
+            self.proceed.wait(10)
+            return super().acquire(key, token, ttl=ttl, max_lifetime=max_lifetime)
+
+    backend = SlowToAcquire()
+    lock = TaskLockService(backend).lock("abandoned", ttl=30)
+
+    async def main() -> None:
+        task = asyncio.create_task(lock.aacquire())
+        await asyncio.to_thread(backend.entered.wait, 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        backend.proceed.set()  # the attempt now takes the key in its thread...
+        for _ in range(200):  # ...and is released as soon as it has
+            await asyncio.sleep(0.01)
+            if backend.list() == [] and not lock.held:
+                break
+
+    asyncio.run(main())
+    assert backend.list() == []
+    assert not lock.held
+
+
+@pytest.mark.databases
+def test_the_loop_is_never_blocked(networked: ContractBackend, key: str) -> None:
+    backend = networked.backend
+    service = TaskLockService(backend)
+
+    async def main() -> list[float]:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        late: list[float] = []
+
+        async def ticker() -> None:
+            while not stop.is_set():
+                before = loop.time()
+                await asyncio.sleep(0.01)
+                late.append(loop.time() - before - 0.01)
+
+        ticking = asyncio.create_task(ticker())
+        try:
+            async with service.lock(key, ttl=0.6, refresh_interval=0.2) as held:
+                waiter = asyncio.create_task(service.arun_exclusive(key, _nothing, wait=5))
+                await asyncio.sleep(1.0)  # refreshed meanwhile; the waiter polls
+                assert not held.lost
+            result = await waiter
+            assert result.acquired
+        finally:
+            stop.set()
+            await ticking
+            await sync_to_async(backend.close)()
+        return sorted(late)
+
+    started = time.monotonic()
+    late = asyncio.run(main())
+    assert time.monotonic() - started >= 1.0
+    # Anything run on the loop (a time.sleep between polls, a storage call)
+    # would make ticks late by its length. One tick may be late because the
+    # machine's CPUs are busy elsewhere, never by much.
+    assert late[-2] < 0.05, late[-5:]
+    assert late[-1] < 0.2, late[-5:]
