@@ -8,6 +8,7 @@ urlpatterns = [
     path("report/<str:name>/", views.report),
     path("async/<str:name>/", views.async_report),
     path("class/<str:name>/", views.ReportView.as_view()),
+    path("async-class/<str:name>/", views.AsyncReportView.as_view()),
     path("slow/<str:name>/", views.slow),
     path("non-atomic/<str:name>/", views.non_atomic),
 ]

@@ -32,6 +32,13 @@ class ReportView(View):
         return HttpResponse(f"class report {name}")
 
 
+class AsyncReportView(View):
+    # method_decorator keeps an async method async from Django 5.0 on.
+    @method_decorator(exclusive("view:{name}", ttl=30))
+    async def get(self, request: HttpRequest, name: str) -> HttpResponse:
+        return HttpResponse(f"async class report {name}")
+
+
 @exclusive("view:{name}", ttl=30)
 def slow(request: HttpRequest, name: str) -> HttpResponse:
     entered.set()
