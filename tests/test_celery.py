@@ -47,6 +47,7 @@ def celery_tasks(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
     from tests.jobs import celery_tasks
 
     celery_tasks.app.conf.update(broker_url=url, task_default_queue=queue)
+    assert celery_tasks.queue == queue
     env = {
         "DJANGO_SETTINGS_MODULE": "tests.jobs.settings",
         "TASKLOCK_TEST_SQLITE": str(connections["default"].settings_dict["NAME"]),

@@ -11,6 +11,7 @@ import os
 import django
 from celery import Celery, shared_task
 from django.apps import apps
+from kombu.entity import Queue
 
 from django_tasklock import exclusive
 from tests.jobs import hold
@@ -23,8 +24,11 @@ app = Celery(
     broker=os.environ.get("TASKLOCK_TEST_AMQP_URL", "memory://"),
     backend="rpc://",
 )
+queue = os.environ.get("TASKLOCK_TEST_CELERY_QUEUE", "tasklock-tests")
 app.conf.update(
-    task_default_queue=os.environ.get("TASKLOCK_TEST_CELERY_QUEUE", "tasklock-tests"),
+    task_default_queue=queue,
+    # Gone from the broker once the test's worker stops.
+    task_queues=[Queue(queue, durable=False, auto_delete=True)],
     worker_hijack_root_logger=False,
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
