@@ -143,6 +143,8 @@ def _wrap(
         key = build_key(args, kwargs)
         return service.lock(key, **options) if service is not None else lock(key, **options)
 
+    # The exit stacks keep the ``try`` around acquisition only: a LockNotAcquired
+    # raised by the function itself (a lock it takes) propagates, it is not "held".
     if iscoroutinefunction(func):
 
         @functools.wraps(func)
