@@ -225,6 +225,7 @@ def test_template_failing_to_render_fails_at_the_call_and_writes_nothing(
         (lambda: exclusive(lambda n: f"job:{n}"), TypeError, "key="),
         (lambda: exclusive(42), TypeError, "key must be"),  # type: ignore[call-overload]
         (lambda: exclusive("a", key="b"), TypeError, "twice"),  # type: ignore[call-overload]
+        (lambda: exclusive(bare_job, key="b"), TypeError, "key only"),  # type: ignore[call-overload]
         (lambda: exclusive(on_locked=3), TypeError, "on_locked"),  # type: ignore[call-overload]
         (lambda: exclusive(key=3)(bare_job), TypeError, "key must be"),  # type: ignore[call-overload]
     ],
