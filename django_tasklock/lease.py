@@ -87,11 +87,18 @@ class Lease:
 
         The lock must not depend on receivers: an exception here would skip a
         release, or end the heartbeat thread and with it every lease's refresh.
+        ``send_robust`` already logs each failure with its traceback (logger
+        ``django.dispatch``), so this adds one line naming the key, without
+        a second copy of the traceback.
         """
         for receiver, outcome in signal.send_robust(
             sender=type(self.backend), key=self.key, holder=self.holder
         ):
             if isinstance(outcome, Exception):
                 logger.error(
-                    "A receiver of a django-tasklock signal failed: %r", receiver, exc_info=outcome
+                    "A receiver of a django-tasklock signal about %r failed: %r raised %r "
+                    "(traceback on the django.dispatch logger).",
+                    self.key,
+                    receiver,
+                    outcome,
                 )

@@ -159,12 +159,13 @@ def check_lock_kwargs(options: Mapping[str, object]) -> None:
 
 def validate_wait(value: object) -> timedelta:
     """How long to keep trying: None or 0 for not at all, else positive seconds or timedelta."""
-    if value is None or (
-        not isinstance(value, bool) and isinstance(value, (int, float)) and value == 0
-    ):
+    if value is None:
         return timedelta(0)
-    if isinstance(value, timedelta) and value == timedelta(0):
-        return value
+    if not isinstance(value, bool) and isinstance(value, (int, float, timedelta)):
+        if value == 0 or value == timedelta(0):
+            return timedelta(0)
+        if (value < timedelta(0)) if isinstance(value, timedelta) else (value < 0):
+            raise ValueError(f"wait must not be negative, got {value!r}")
     return to_timedelta("wait", value)
 
 

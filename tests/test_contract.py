@@ -4,10 +4,35 @@ from __future__ import annotations
 
 import pytest
 
+from django_tasklock import BaseBackend, TaskLockService
+from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.testing import BackendContract, ContractBackend
+from django_tasklock.testing.cases_fencing import FencingCases
 
 
 class TestContract(BackendContract):
     @pytest.fixture
     def contract_backend(self, any_backend: ContractBackend) -> ContractBackend:
         return any_backend
+
+
+class NoFences(MemoryBackend):
+    """A backend that, like a third party's, leaves fence() unimplemented."""
+
+    fence = BaseBackend.fence
+
+
+class TestFencingIsOptional(FencingCases):
+    """Its fencing cases are skipped, each saying why, rather than failed."""
+
+    @pytest.fixture
+    def contract_backend(self) -> ContractBackend:
+        return ContractBackend(name="no-fences", backend=NoFences())
+
+    @pytest.fixture
+    def service(self, contract_backend: ContractBackend) -> TaskLockService:
+        return TaskLockService(contract_backend.backend)
+
+    @pytest.fixture
+    def key(self) -> str:
+        return "no-fences"

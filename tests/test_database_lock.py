@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import transaction
@@ -91,3 +92,40 @@ def test_fence_taken_inside_a_rolled_back_transaction_is_never_handed_out_again(
     assert after.fence is not None
     assert after.fence > fences[0]
     assert FenceCounter.objects.using("postgres").get(key="rolled-back").value == after.fence
+
+
+def test_fencing_before_migrating_the_fence_table_says_to_migrate(tmp_path: Path) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+    from django.db import connections
+
+    from django_tasklock.backends.db_connections import add_thread_connection
+    from django_tasklock.models import CacheEntry
+
+    # A database migrated before fencing existed: cache_entries only.
+    older = {**connections["default"].settings_dict, "NAME": str(tmp_path / "older.sqlite3")}
+    add_thread_connection("older", older)
+    try:
+        with connections["older"].schema_editor() as editor:
+            editor.create_model(CacheEntry)
+        service = TaskLockService(DatabaseBackend(using="older"))
+        with pytest.raises(ImproperlyConfigured, match=r"tasklock_fences table .* migrate"):
+            service.run_exclusive("k", lambda: None, fencing=True)
+        assert service.peek("k") is None  # the lease is not left behind
+    finally:
+        connections["older"].close()
+
+
+def test_an_older_sqlite_gets_the_portable_fence(monkeypatch: pytest.MonkeyPatch) -> None:
+    # SQLite before 3.35 has no RETURNING; the version is the one thing faked.
+    from django.db import connections
+
+    from django_tasklock.backends.db_fences import upsert_returns
+
+    sqlite = connections["default"]
+    module = sqlite.Database  # type: ignore[attr-defined]  # the DB-API module
+    assert upsert_returns(sqlite) == (module.sqlite_version_info >= (3, 35))
+    monkeypatch.setattr(module, "sqlite_version_info", (3, 31, 1))
+    assert not upsert_returns(sqlite)
+    service = TaskLockService(DatabaseBackend(using="default"))
+    fences = [service.run_exclusive("old-sqlite", lambda: None, fencing=True).fence for _ in "ab"]
+    assert fences == [1, 2]

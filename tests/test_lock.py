@@ -54,7 +54,9 @@ def service(backend: MemoryBackend) -> TaskLockService:
 @pytest.mark.parametrize(
     ("options", "error", "named"),
     [
-        ({"wait": -1}, ValueError, "wait"),
+        ({"wait": -1}, ValueError, "wait must not be negative"),
+        ({"wait": timedelta(seconds=-1)}, ValueError, "wait must not be negative"),
+        ({"wait": float("nan")}, ValueError, "wait"),
         ({"wait": "5"}, TypeError, "wait"),
         ({"min_hold": 0}, ValueError, "min_hold"),
         ({"min_hold": 7200, "max_lifetime": 3600}, ValueError, "min_hold"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -125,6 +126,27 @@ def test_failing_signal_receivers_never_break_the_lock(caplog: pytest.LogCapture
     assert not kept.lost
     assert backend.list() == []
     assert "receiver bug" in caplog.text
+
+
+def test_a_failing_receiver_is_logged_with_one_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from django_tasklock import lock_acquired
+
+    def broken(**kwargs: object) -> None:
+        raise RuntimeError("receiver bug")
+
+    lock_acquired.connect(broken)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            assert TaskLockService(MemoryBackend()).run_exclusive("logged", lambda: 1).acquired
+    finally:
+        lock_acquired.disconnect(broken)
+    failures = [r for r in caplog.records if "receiver bug" in r.getMessage() or r.exc_info]
+    assert sum(1 for r in failures if r.exc_info) == 1  # Django's, on django.dispatch
+    ours = [r for r in failures if r.name == "django_tasklock"]
+    assert len(ours) == 1
+    assert "'logged'" in ours[0].getMessage()
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")

@@ -19,16 +19,18 @@ could delete a lease taken over in between.
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import Error, IntegrityError, connections, transaction
+from django.db import DatabaseError, Error, IntegrityError, connections, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Least, Now
 
@@ -47,7 +49,11 @@ from django_tasklock.backends.db_connections import (
     in_test_transaction,
     is_key_conflict,
 )
-from django_tasklock.backends.db_fences import next_fence_in_transaction, next_fence_upsert
+from django_tasklock.backends.db_fences import (
+    next_fence_in_transaction,
+    next_fence_upsert,
+    upsert_returns,
+)
 from django_tasklock.conf import conf
 from django_tasklock.exceptions import TaskLockError
 
@@ -55,6 +61,39 @@ if TYPE_CHECKING:
     from django.db.models import QuerySet
 
     from django_tasklock.models import CacheEntry
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+# How each database says a table does not exist (SQLite, PostgreSQL, MySQL/MariaDB).
+_NO_TABLE = ("no such table", "does not exist", "doesn't exist")
+
+
+def _names_missing_table(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Turn "no such table: cache_entries" into an error that says to migrate.
+
+    Only the error path looks at the exception: the statements that succeed
+    cost nothing more.
+    """
+
+    @functools.wraps(method)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except DatabaseError as exc:
+            using = args[0].using  # type: ignore[attr-defined]  # the backend
+            text = str(exc).lower()
+            # CacheEntry's and FenceCounter's tables (the latter since migration 0002).
+            for table in ("cache_entries", "tasklock_fences"):
+                if table in text and any(words in text for words in _NO_TABLE):
+                    option = "" if using == "default" else f" --database {using}"
+                    raise ImproperlyConfigured(
+                        f"The {table} table of django-tasklock is missing from the database "
+                        f"{using!r}: run `python manage.py migrate django_tasklock{option}`."
+                    ) from exc
+            raise
+
+    return wrapper
+
 
 # Attempts at the INSERT when the key keeps changing hands between our INSERT
 # and our look at the row (or an abandoned row is taken over).
@@ -86,15 +125,13 @@ class DatabaseBackend(BaseBackend):
 
     @classmethod
     def check(cls) -> list[Any]:
+        """E006: ``TASKLOCK_DATABASE`` is not a database alias.
+
+        A missing ``"django_tasklock"`` in ``INSTALLED_APPS`` cannot be reported
+        here (without the app nothing registers these checks): first use raises
+        ``ImproperlyConfigured`` naming ``INSTALLED_APPS`` instead.
+        """
         errors: list[Any] = []
-        if not apps.is_installed("django_tasklock"):
-            errors.append(
-                checks.Error(
-                    "The database backend of django-tasklock needs its cache_entries table.",
-                    hint='Add "django_tasklock" to INSTALLED_APPS and run manage.py migrate.',
-                    id="django_tasklock.E005",
-                )
-            )
         if conf.DATABASE not in settings.DATABASES:
             errors.append(
                 checks.Error(
@@ -119,6 +156,7 @@ class DatabaseBackend(BaseBackend):
 
     # -- the contract ------------------------------------------------------
 
+    @_names_missing_table
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         model, alias, stored = self._model(), alias_for_writing(self.using), storage_key(key)
         for _ in range(_ACQUIRE_ATTEMPTS):
@@ -158,6 +196,7 @@ class DatabaseBackend(BaseBackend):
         # The key changed hands at every attempt: it was held each time we asked.
         return False
 
+    @_names_missing_table
     def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         stored = storage_key(key)
         if (stored, token) in self._test_leases:
@@ -178,6 +217,7 @@ class DatabaseBackend(BaseBackend):
             raise
         return updated == 1
 
+    @_names_missing_table
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
         with self._test_leases_lock:
             self._test_leases.discard((storage_key(key), token))
@@ -195,6 +235,7 @@ class DatabaseBackend(BaseBackend):
         ours._raw_delete(alias)
         return False
 
+    @_names_missing_table
     def fence(self, key: str, token: str) -> int | None:
         """Increment ``tasklock_fences`` for ``key`` while ``token`` holds the live row.
 
@@ -208,23 +249,28 @@ class DatabaseBackend(BaseBackend):
             .filter(key=storage_key(key), value=token, expires_at__gt=Now())
             .filter(created_at__gt=Now() - STALE_AFTER)
         )
-        if connections[alias].vendor in self.single_statement_fence_vendors:
+        connection = connections[alias]
+        if connection.vendor in self.single_statement_fence_vendors and upsert_returns(connection):
             return next_fence_upsert(alias, key, held)
         return next_fence_in_transaction(alias, key, held)
 
+    @_names_missing_table
     def force_release(self, key: str) -> bool:
         alias = alias_for_writing(self.using)
         return bool(
             self._model().objects.using(alias).filter(key=storage_key(key))._raw_delete(alias)
         )
 
+    @_names_missing_table
     def peek(self, key: str) -> HeldLock | None:
         found = self._live().filter(key=storage_key(key)).first()
         return _held(found) if found is not None else None
 
+    @_names_missing_table
     def list(self) -> list[HeldLock]:
         return [_held(row) for row in self._live().order_by("key")]
 
+    @_names_missing_table
     def clear_stale(self, *, dry_run: bool = False) -> int:
         alias = alias_for_writing(self.using)
         stale = self._stale(alias)

@@ -15,9 +15,18 @@ from django.db import connections, transaction
 from django.db.models import F
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import QuerySet
 
     from django_tasklock.models import CacheEntry
+
+
+def upsert_returns(connection: BaseDatabaseWrapper) -> bool:
+    """``INSERT ... ON CONFLICT DO UPDATE ... RETURNING`` works here (SQLite from 3.35)."""
+    if connection.vendor == "sqlite":
+        database = connection.Database  # type: ignore[attr-defined]  # the DB-API module
+        return bool(database.sqlite_version_info >= (3, 35))
+    return True
 
 
 def next_fence_upsert(alias: str, key: str, held: QuerySet[CacheEntry]) -> int | None:
