@@ -4,7 +4,7 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.core import checks
-from django.core.signals import request_finished, request_started, setting_changed
+from django.core.signals import setting_changed
 
 # What the chosen backend is built from (TASKLOCK_DEFAULTS is read per call).
 _PROVIDER_SETTINGS = {
@@ -31,12 +31,8 @@ class TaskLockConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        from django_tasklock.backends.db_connections import close_side_connections
         from django_tasklock.checks import check_tasklock_settings
 
         checks.register(check_tasklock_settings)
 
         setting_changed.connect(_forget_backend, dispatch_uid="django_tasklock.reset")
-        # Side connections of the database backend live and die like Django's own.
-        for signal in (request_started, request_finished):
-            signal.connect(close_side_connections, dispatch_uid="django_tasklock.close")

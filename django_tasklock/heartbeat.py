@@ -9,6 +9,14 @@ lets go of its connections whenever it has nothing to keep alive.
 A lease stops being refreshed when it is released, found lost, or reaches
 ``max_lifetime`` (then a warning is logged and the lease allowed to expire; the
 backend caps it on the storage side as well).
+
+A lease whose release waits for the caller's transaction (see
+``transactions``) stays here, still refreshed, and is looked at every
+``lease.WATCH_INTERVAL`` seconds to notice a rollback, which nothing else announces.
+
+Local deadlines are read off :func:`~django_tasklock.lease.clock`, which keeps counting while the
+machine is suspended (``CLOCK_BOOTTIME`` on Linux): after a resume, a lease
+whose ttl passed during the sleep is known to be lost, not "retried".
 """
 
 from __future__ import annotations
@@ -18,12 +26,13 @@ import itertools
 import logging
 import os
 import threading
-import time
 from typing import TYPE_CHECKING
+
+from django_tasklock.lease import clock
 
 if TYPE_CHECKING:
     from django_tasklock.backends.base import BaseBackend
-    from django_tasklock.lease import Lease
+    from django_tasklock.lease import Lease, PendingRelease
 
 logger = logging.getLogger("django_tasklock")
 
@@ -77,6 +86,18 @@ class Heartbeat:
                 if not self._heap:
                     self._cond.notify()  # going idle: let the thread close its connections
 
+    def watch(self, lease: Lease, pending: PendingRelease) -> None:
+        """Keep ``lease`` alive until ``pending`` settles it, looking at it often."""
+        with self._cond:
+            lease.pending = pending
+            soon = lease.wake_at()
+            for index, (when, seq, queued) in enumerate(self._heap):
+                if queued is lease and when > soon:
+                    self._heap[index] = (soon, seq, queued)
+                    heapq.heapify(self._heap)
+                    self._cond.notify()
+                    break
+
     def _after_fork(self) -> None:
         # The child has no heartbeat thread, and the parent's leases are the
         # parent's to keep alive; the condition may have been held mid-fork.
@@ -95,7 +116,7 @@ class Heartbeat:
                         return idle
                     self._cond.wait()
                     continue
-                due = self._heap[0][0] - time.monotonic()
+                due = self._heap[0][0] - clock()
                 if due <= 0:
                     return heapq.heappop(self._heap)[2]
                 self._cond.wait(due)
@@ -117,16 +138,21 @@ class Heartbeat:
             except BaseException:  # even SystemExit from a receiver: the thread must go on
                 logger.exception("The django-tasklock heartbeat failed on %r.", due.key)
                 interval = due.options.refresh_interval.total_seconds()
-                due.next_due = max(due.next_due, time.monotonic() + interval)
+                due.next_due = max(due.next_due, clock() + interval)
                 again = True
             if again:
                 with self._cond:
                     if not due.closed:
-                        heapq.heappush(self._heap, (due.next_due, next(self._seq), due))
+                        heapq.heappush(self._heap, (due.wake_at(), next(self._seq), due))
 
     def _beat(self, lease: Lease) -> bool:
         """Refresh ``lease`` once. True if it should be refreshed again."""
-        now = time.monotonic()
+        now = clock()
+        if lease.pending is not None:
+            if lease.pending.settle():
+                return False  # the caller's transaction ended: released
+            if now < lease.next_due:
+                return True  # only a look: no refresh due yet
         if now >= lease.deadline:
             logger.warning(
                 "Task lock %r reached its max_lifetime of %s: no longer refreshed, the lease "
@@ -147,7 +173,7 @@ class Heartbeat:
         except Exception:
             if lease.closed:
                 return False
-            if time.monotonic() > lease.valid_until:
+            if clock() > lease.valid_until:
                 logger.warning("Refreshing task lock %r failed.", lease.key, exc_info=True)
                 lease.report_lost("no refresh succeeded before the lease ran out")
                 return False

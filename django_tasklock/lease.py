@@ -1,7 +1,10 @@
 """A lease this process holds: its token, timing and whether it was lost.
 
 The heartbeat keeps leases alive; the lock hands one to the caller. The lease
-itself knows neither: it is the record both share.
+itself knows neither: it is the record both share. Its local deadlines are
+read off :func:`clock`, which keeps counting while the machine is suspended
+(``CLOCK_BOOTTIME`` on Linux): after a resume, a lease whose ttl passed
+during the sleep is known to be lost, not "retried".
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ import os
 import secrets
 import socket
 import threading
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Protocol
 
 from django_tasklock.signals import lock_lost
 
@@ -29,6 +33,29 @@ def new_token() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_urlsafe(18)}"
 
 
+#: Seconds between two looks at a lease waiting for its caller's transaction.
+WATCH_INTERVAL = 0.5
+
+if hasattr(time, "CLOCK_BOOTTIME"):
+
+    def clock() -> float:
+        """Seconds on a clock that also counts time spent suspended (Linux)."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+else:  # pragma: no cover - not Linux: monotonic is the best there is
+
+    def clock() -> float:
+        """Seconds on the monotonic clock."""
+        return time.monotonic()
+
+
+class PendingRelease(Protocol):
+    """A release waiting for the caller's transactions to end."""
+
+    def settle(self) -> bool:
+        """Release the lease if they have all ended; True once it is released."""
+
+
 class Lease:
     """One lock held by this process: what the heartbeat keeps alive, what the caller reads."""
 
@@ -42,7 +69,7 @@ class Lease:
         *,
         asked_at: float,
     ) -> None:
-        """``asked_at``: ``time.monotonic()`` just before the acquisition was sent.
+        """``asked_at``: :func:`clock` just before the acquisition was sent.
 
         The storage dated the lease after that instant, so every local time
         derived from it (the deadline, when the lease is surely valid until)
@@ -59,6 +86,8 @@ class Lease:
         #: Until when the lease is known to be live, by the last confirmation.
         self.valid_until = asked_at + min(options.ttl, options.max_lifetime).total_seconds()
         self.closed = False
+        #: Set while the release waits for the caller's transaction to end.
+        self.pending: PendingRelease | None = None
         self._lost = False
         self._lost_lock = threading.Lock()
 
@@ -81,6 +110,12 @@ class Lease:
             self.holder,
         )
         self.announce(lock_lost)
+
+    def wake_at(self) -> float:
+        """When the heartbeat should next look at this lease."""
+        if self.pending is None:
+            return self.next_due
+        return min(self.next_due, clock() + WATCH_INTERVAL)
 
     def announce(self, signal: Signal) -> None:
         """Send ``signal`` about this lease; a failing receiver is logged, never raised.

@@ -20,7 +20,7 @@ from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, Holder
 from django_tasklock.exceptions import LockNotAcquired
 from django_tasklock.heartbeat import heartbeat
-from django_tasklock.lease import Lease, new_token
+from django_tasklock.lease import Lease, clock, new_token
 from django_tasklock.options import (
     LockOptions,
     check_lock_kwargs,
@@ -30,6 +30,7 @@ from django_tasklock.options import (
     validate_wait,
 )
 from django_tasklock.signals import lock_acquired, lock_released
+from django_tasklock.transactions import release_after_transactions
 from django_tasklock.waiting import Backoff
 
 if TYPE_CHECKING:
@@ -126,9 +127,12 @@ class Lock:
     def release(self) -> None:
         """Let go of the key (with ``min_hold``: not before acquisition + ``min_hold``).
 
-        A failed release is logged and the lease left to expire; finding the
-        lease gone or someone else's marks it ``lost``. Never raises for the
-        storage's sake. Raises ``RuntimeError`` if this lock is not held.
+        Inside the caller's ``transaction.atomic()`` the lease is kept (and
+        refreshed) until that transaction commits or rolls back, so the next
+        holder sees the work's effects. A failed release is logged and the
+        lease left to expire; finding the lease gone or someone else's marks
+        it ``lost``. Never raises for the storage's sake. Raises
+        ``RuntimeError`` if this lock is not held.
         """
         lease = self._lease
         if lease is None or not self._held:
@@ -227,7 +231,7 @@ class Lock:
             token,
             Holder.from_token(token),
             self.options,
-            asked_at=time.monotonic(),
+            asked_at=clock(),
         )
         # The token exists before the request goes out: interrupted before we
         # learn whether the lease was granted (KeyboardInterrupt), or failing
@@ -262,6 +266,11 @@ class Lock:
     def _end(self, lease: Lease) -> None:
         if lease.pid != os.getpid():
             return  # a forked child leaving the work: the lease is its parent's
+        if release_after_transactions(lease, self._release_now):
+            return  # held until the caller's transaction ends
+        self._release_now(lease)
+
+    def _release_now(self, lease: Lease) -> None:
         try:
             heartbeat().remove(lease)
         finally:  # even interrupted here, the lease is released
@@ -279,7 +288,7 @@ class Lock:
                 lease.key,
                 exc_info=True,
             )
-            if time.monotonic() > lease.valid_until:
+            if clock() > lease.valid_until:
                 lease.report_lost("release, after the lease could have run out")
             return
         if released:

@@ -100,7 +100,9 @@ class TaskLockService:
         ``BaseException``, which then propagates unchanged). If the storage
         cannot be reached while acquiring, its error is raised: it is never
         reported as ``acquired=False``. A failed release is logged and leaves
-        the lease to expire; it never replaces ``fn``'s outcome.
+        the lease to expire; it never replaces ``fn``'s outcome. When ``fn`` ran
+        inside the caller's ``transaction.atomic()``, the lease is released when
+        that transaction commits or rolls back, so the next holder sees its work.
 
         Raises:
             TypeError, ValueError: bad arguments, naming the parameter; nothing is written.
@@ -109,14 +111,20 @@ class TaskLockService:
         validate_sync_callable("fn", fn, twin="arun_exclusive")
         validate_callable("on_locked", on_locked, optional=True)
         lock = self.lock(key, **options)
-        if not lock.try_acquire():
+        acquired, result = False, None
+        try:
+            acquired = lock.try_acquire()
+            if acquired:
+                result = fn()
+        finally:
+            # lock.held, not try_acquire's answer: interrupted just after the
+            # grant, before that answer was stored, the lease is still released.
+            if lock.held:
+                lock.release()
+        if not acquired:
             if on_locked is not None:
                 on_locked()
             return LockResult(acquired=False)
-        try:
-            result = fn()
-        finally:
-            lock.release()
         return LockResult(acquired=True, result=result, lost=lock.lost, fence=lock.fence)
 
     async def arun_exclusive(
@@ -138,16 +146,20 @@ class TaskLockService:
         validate_async_callable("async_fn", async_fn, twin="run_exclusive")
         validate_callable("on_locked", on_locked, optional=True)
         lock = self.lock(key, **options)
-        if not await lock.atry_acquire():
+        acquired, result = False, None
+        try:
+            acquired = await lock.atry_acquire()
+            if acquired:
+                result = await async_fn()
+        finally:
+            if lock.held:
+                await lock.arelease()
+        if not acquired:
             if on_locked is not None:
                 outcome = on_locked()
                 if inspect.isawaitable(outcome):
                     await outcome
             return LockResult(acquired=False)
-        try:
-            result = await async_fn()
-        finally:
-            await lock.arelease()
         return LockResult(acquired=True, result=result, lost=lock.lost, fence=lock.fence)
 
 

@@ -18,7 +18,9 @@ from django_tasklock.testing import BackendRecipe, ContractBackend
 from tests import services
 
 #: Every database alias the suite runs against.
-DATABASE_ALIASES = ["default", *(["postgres"] if "postgres" in settings.DATABASES else [])]
+DATABASE_ALIASES = [
+    alias for alias in ("default", "postgres", "pgbouncer") if alias in settings.DATABASES
+]
 BACKENDS = ["sqlite", "postgres", "redis", "memory"]
 
 
@@ -154,6 +156,14 @@ def any_backend(request: pytest.FixtureRequest, key: str) -> Iterator[ContractBa
         yield memory_backend()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _pgbouncer_lets_go(django_db_setup: None) -> Iterator[None]:
+    """Stop PgBouncer before the test databases are dropped: it holds connections to them."""
+    yield
+    if "pgbouncer" in services.stoppers:
+        services.stoppers["pgbouncer"]()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_backend() -> Iterator[None]:
     """No backend chosen in a test outlives it (deleting a setting sends no signal)."""
@@ -178,3 +188,24 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
             "databases"
         ):
             item.add_marker(marker)
+
+
+@pytest.fixture
+def active_backend(any_backend: ContractBackend) -> Iterator[ContractBackend]:
+    """``any_backend``, made the one ``TASKLOCK_BACKEND`` chooses (for commands and the admin)."""
+    from django.test import override_settings
+
+    from django_tasklock import backends
+
+    if any_backend.name == "memory":
+        with override_settings(TASKLOCK_BACKEND="memory"):
+            backends._backend = any_backend.backend  # the very instance the test plants in
+            yield any_backend
+    elif any_backend.name == "redis":
+        with override_settings(TASKLOCK_BACKEND="redis", TASKLOCK_REDIS_URL=settings.REDIS_URL):
+            yield any_backend
+    else:
+        assert any_backend.recipe is not None
+        alias = any_backend.recipe.kwargs["using"]
+        with override_settings(TASKLOCK_BACKEND="database", TASKLOCK_DATABASE=alias):
+            yield any_backend

@@ -87,7 +87,8 @@ def test_fence_taken_inside_a_rolled_back_transaction_is_never_handed_out_again(
             fenced_then_rolled_back()
     finally:
         backend.close()  # the side connection the transaction made
-    after = service.run_exclusive("rolled-back", lambda: None, fencing=True)
+    # The lease itself is held until the rollback is noticed (within a second).
+    after = service.run_exclusive("rolled-back", lambda: None, fencing=True, wait=5)
     assert fences[0] is not None
     assert after.fence is not None
     assert after.fence > fences[0]

@@ -253,3 +253,70 @@ def test_many_short_locks_do_not_pile_up_in_the_heartbeat() -> None:
     finally:
         done.set()
         holder.join()
+
+
+class _InterruptedAfterAcquiring(MemoryBackend):
+    """The storage grants the lease, then Ctrl-C arrives before the caller knows."""
+
+    def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
+        assert super().acquire(key, token, ttl=ttl, max_lifetime=max_lifetime)
+        raise KeyboardInterrupt
+
+
+def test_interrupt_right_after_the_lease_was_granted_releases_it() -> None:
+    backend = _InterruptedAfterAcquiring()
+    ran: list[bool] = []
+    with pytest.raises(KeyboardInterrupt):
+        TaskLockService(backend).run_exclusive("granted", lambda: ran.append(True))
+    assert ran == []
+    assert backend.peek("granted") is None
+
+
+def test_interrupt_between_leaving_the_heartbeat_and_the_release_releases() -> None:
+    from unittest import mock
+
+    from django_tasklock.heartbeat import Heartbeat
+
+    backend = MemoryBackend()
+    leave = Heartbeat.remove
+
+    def remove_then_interrupt(self: Heartbeat, lease: object) -> None:
+        leave(self, lease)  # type: ignore[arg-type]
+        raise KeyboardInterrupt
+
+    with (
+        mock.patch.object(Heartbeat, "remove", remove_then_interrupt),
+        pytest.raises(KeyboardInterrupt),
+    ):
+        TaskLockService(backend).run_exclusive("leaving", lambda: None)
+    assert backend.peek("leaving") is None
+
+
+def test_lease_whose_ttl_passed_during_a_suspend_is_lost_not_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # time.monotonic() stops while Linux is suspended; CLOCK_BOOTTIME does not.
+    # The clock is the one thing mocked: a suspend cannot be caused for real.
+    import time
+    from unittest import mock
+
+    from django_tasklock.testing import FaultyBackend
+
+    if not hasattr(time, "CLOCK_BOOTTIME"):
+        pytest.skip("no CLOCK_BOOTTIME here: monotonic is the lease clock")
+    real, slept = time.clock_gettime, [0.0]
+
+    def clock_gettime(clock_id: int) -> float:
+        return real(clock_id) + (slept[0] if clock_id == time.CLOCK_BOOTTIME else 0.0)
+
+    def work() -> None:
+        slept[0] = 60.0  # the machine slept for a minute, longer than the ttl
+        threading.Event().wait(0.6)
+
+    faulty = FaultyBackend(MemoryBackend(), refresh_failures=1000)
+    with mock.patch("time.clock_gettime", clock_gettime):
+        result = TaskLockService(faulty).run_exclusive(
+            "suspended", work, ttl=5, refresh_interval=0.2
+        )
+    assert result.lost
+    assert "retrying" not in caplog.text

@@ -20,9 +20,8 @@ could delete a lease taken over in between.
 from __future__ import annotations
 
 import functools
-import threading
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -54,6 +53,8 @@ from django_tasklock.backends.db_fences import (
     next_fence_upsert,
     upsert_returns,
 )
+from django_tasklock.backends.forksafe import ForkSafeLock
+from django_tasklock.backends.retries import retry_on_new_connection, retry_when_busy
 from django_tasklock.conf import conf
 from django_tasklock.exceptions import TaskLockError
 
@@ -104,8 +105,9 @@ class DatabaseBackend(BaseBackend):
     """Leases in the ``cache_entries`` table of the database alias ``using``.
 
     Inside the caller's transaction the lock's statements go through a second
-    connection to the same database, so that a lease is committed, and
-    visible to other workers, at once (see ``db_connections``). Under a
+    connection to the same database, opened for them and closed right after,
+    so that a lease is committed, and visible to other workers, at once (see
+    ``db_connections``). Under a
     Django ``TestCase`` the test's own transaction is used instead, and the
     heartbeat (whose thread cannot see that transaction) leaves such leases
     alone: keep work under a ``TestCase`` shorter than its ``ttl``.
@@ -117,7 +119,7 @@ class DatabaseBackend(BaseBackend):
     def __init__(self, using: str = "default") -> None:
         self.using = using
         self._test_leases: set[tuple[str, str]] = set()
-        self._test_leases_lock = threading.Lock()
+        self._test_leases_lock = ForkSafeLock()
 
     @classmethod
     def from_settings(cls) -> DatabaseBackend:
@@ -157,8 +159,15 @@ class DatabaseBackend(BaseBackend):
     # -- the contract ------------------------------------------------------
 
     @_names_missing_table
+    @retry_when_busy
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
-        model, alias, stored = self._model(), alias_for_writing(self.using), storage_key(key)
+        with alias_for_writing(self.using) as alias:
+            return self._acquire(alias, storage_key(key), token, ttl, max_lifetime)
+
+    def _acquire(
+        self, alias: str, stored: str, token: str, ttl: timedelta, max_lifetime: timedelta
+    ) -> bool:
+        model = self._model()
         for _ in range(_ACQUIRE_ATTEMPTS):
             try:
                 with _savepoint_if_in_transaction(alias):
@@ -187,7 +196,9 @@ class DatabaseBackend(BaseBackend):
                     return False
                 # Expired or abandoned: delete that holder's row (a token is
                 # never reused, so a new holder's row is safe) and insert again.
-                model.objects.using(alias).filter(key=stored, value=holder)._raw_delete(alias)
+                # The DELETE judges staleness again, by the server's clock: the
+                # holder's refresh may have extended the row since our look.
+                self._stale(alias).filter(key=stored, value=holder)._raw_delete(alias)
             else:
                 if in_test_transaction(connections[alias]):
                     with self._test_leases_lock:
@@ -197,84 +208,95 @@ class DatabaseBackend(BaseBackend):
         return False
 
     @_names_missing_table
+    @retry_when_busy
     def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         stored = storage_key(key)
         if (stored, token) in self._test_leases:
             # Written in a TestCase's transaction, which the heartbeat's thread
             # cannot see; the test rolls it back anyway.
             return True
-        alias = alias_for_writing(self.using)
-        try:
-            updated = (
-                self._model()
-                .objects.using(alias)
-                .filter(key=stored, value=token, expires_at__gt=Now())
-                .update(expires_at=Least(Now() + ttl, F("created_at") + max_lifetime))
-            )
-        except Error:
-            # A killed or dropped connection: let the next attempt open a new one.
-            connections[alias].close_if_unusable_or_obsolete()
-            raise
+        with alias_for_writing(self.using) as alias:
+            try:
+                updated = (
+                    self._model()
+                    .objects.using(alias)
+                    .filter(key=stored, value=token, expires_at__gt=Now())
+                    .update(expires_at=Least(Now() + ttl, F("created_at") + max_lifetime))
+                )
+            except Error:
+                # A killed or dropped connection: let the next attempt open a new one.
+                connections[alias].close_if_unusable_or_obsolete()
+                raise
         return updated == 1
 
     @_names_missing_table
+    @retry_on_new_connection
+    @retry_when_busy
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
         with self._test_leases_lock:
             self._test_leases.discard((storage_key(key), token))
-        alias = alias_for_writing(self.using)
-        ours = self._model().objects.using(alias).filter(key=storage_key(key), value=token)
-        if min_hold is not None:
-            # Held until created_at + min_hold, by the server's clock: cut the
-            # lease to end then, while that is still ahead; else delete it.
-            young = ours.filter(expires_at__gt=Now(), created_at__gt=Now() - min_hold)
-            if young.update(expires_at=F("created_at") + min_hold):
+        with alias_for_writing(self.using) as alias:
+            ours = self._model().objects.using(alias).filter(key=storage_key(key), value=token)
+            if min_hold is not None:
+                # Held until created_at + min_hold, by the server's clock: cut the
+                # lease to end then, while that is still ahead; else delete it.
+                young = ours.filter(expires_at__gt=Now(), created_at__gt=Now() - min_hold)
+                if young.update(expires_at=F("created_at") + min_hold):
+                    return True
+            if ours.filter(expires_at__gt=Now())._raw_delete(alias):
                 return True
-        if ours.filter(expires_at__gt=Now())._raw_delete(alias):
-            return True
-        # Not live: lost. Still clear our own expired row, if it is there.
-        ours._raw_delete(alias)
-        return False
+            # Not live: lost. Still clear our own expired row, if it is there.
+            ours._raw_delete(alias)
+            return False
 
     @_names_missing_table
+    @retry_when_busy  # not on a new connection: a fence sent twice would count twice
     def fence(self, key: str, token: str) -> int | None:
         """Increment ``tasklock_fences`` for ``key`` while ``token`` holds the live row.
 
         One statement on PostgreSQL and SQLite, a short transaction elsewhere
         (see ``db_fences``).
         """
-        alias = alias_for_writing(self.using)
-        held = (
-            self._model()
-            .objects.using(alias)
-            .filter(key=storage_key(key), value=token, expires_at__gt=Now())
-            .filter(created_at__gt=Now() - STALE_AFTER)
-        )
-        connection = connections[alias]
-        if connection.vendor in self.single_statement_fence_vendors and upsert_returns(connection):
-            return next_fence_upsert(alias, key, held)
-        return next_fence_in_transaction(alias, key, held)
+        with alias_for_writing(self.using) as alias:
+            held = (
+                self._model()
+                .objects.using(alias)
+                .filter(key=storage_key(key), value=token, expires_at__gt=Now())
+                .filter(created_at__gt=Now() - STALE_AFTER)
+            )
+            connection = connections[alias]
+            if connection.vendor in self.single_statement_fence_vendors and upsert_returns(
+                connection
+            ):
+                return next_fence_upsert(alias, key, held)
+            return next_fence_in_transaction(alias, key, held)
 
     @_names_missing_table
+    @retry_on_new_connection
+    @retry_when_busy
     def force_release(self, key: str) -> bool:
-        alias = alias_for_writing(self.using)
-        return bool(
-            self._model().objects.using(alias).filter(key=storage_key(key))._raw_delete(alias)
-        )
+        with alias_for_writing(self.using) as alias:
+            return bool(
+                self._model().objects.using(alias).filter(key=storage_key(key))._raw_delete(alias)
+            )
 
     @_names_missing_table
     def peek(self, key: str) -> HeldLock | None:
-        found = self._live().filter(key=storage_key(key)).first()
+        with self._reading() as alias:
+            found = self._live(alias).filter(key=storage_key(key)).first()
         return _held(found) if found is not None else None
 
     @_names_missing_table
     def list(self) -> list[HeldLock]:
-        return [_held(row) for row in self._live().order_by("key")]
+        with self._reading() as alias:
+            return [_held(row) for row in self._live(alias).order_by("key")]
 
     @_names_missing_table
+    @retry_when_busy
     def clear_stale(self, *, dry_run: bool = False) -> int:
-        alias = alias_for_writing(self.using)
-        stale = self._stale(alias)
-        return stale.count() if dry_run else stale._raw_delete(alias)
+        with alias_for_writing(self.using) as alias:
+            stale = self._stale(alias)
+            return stale.count() if dry_run else stale._raw_delete(alias)
 
     def close(self) -> None:
         close_connections(self.using)
@@ -291,21 +313,25 @@ class DatabaseBackend(BaseBackend):
 
         return CacheEntry
 
-    def _live(self) -> QuerySet[CacheEntry]:
+    def _live(self, alias: str) -> QuerySet[CacheEntry]:
         return (
             self._model()
-            .objects.using(self._read_alias())
+            .objects.using(alias)
             .filter(key__startswith=KEY_PREFIX, expires_at__gt=Now())
             .filter(created_at__gt=Now() - STALE_AFTER)
             .annotate(server_now=Now())
         )
 
-    def _read_alias(self) -> str:
+    @contextmanager
+    def _reading(self) -> Iterator[str]:
         """Where to read: as for writing, but SQLite reads in the caller's transaction."""
+        side = ExitStack()
         try:
-            return alias_for_writing(self.using)
+            alias = side.enter_context(alias_for_writing(self.using))
         except TaskLockError:
-            return self.using
+            alias = self.using
+        with side:
+            yield alias
 
     def _stale(self, alias: str) -> QuerySet[CacheEntry]:
         """Rows free to take over: expired, or acquired more than 24 h ago."""

@@ -6,7 +6,6 @@ Nothing is shared between processes: two workers each get their own locks.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -18,6 +17,7 @@ from django_tasklock.backends.base import (
     HeldLock,
     Holder,
 )
+from django_tasklock.backends.forksafe import ForkSafeLock
 
 
 @dataclasses.dataclass
@@ -43,7 +43,7 @@ class MemoryBackend(BaseBackend):
         self._clock = clock
         self._leases: dict[str, _Lease] = {}
         self._fences: dict[str, int] = {}  # never swept: fences outlive leases
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
 
     def _live(self, key: str, now: float) -> _Lease | None:
         lease = self._leases.get(key)

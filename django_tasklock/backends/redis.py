@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import threading
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +35,7 @@ from django_tasklock.backends.base import (
     caller_key,
     storage_key,
 )
+from django_tasklock.backends.forksafe import ForkSafeLock
 
 if TYPE_CHECKING:
     # redis-py is imported when a connection is made, never at import: without
@@ -177,7 +177,7 @@ class RedisBackend(BaseBackend):
         self._url = url
         self._cache_alias = cache_alias
         self._scripts: dict[str, Script] = {}
-        self._init_lock = threading.Lock()
+        self._init_lock = ForkSafeLock()
 
     @classmethod
     def from_settings(cls) -> RedisBackend:
