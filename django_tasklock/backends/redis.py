@@ -36,6 +36,7 @@ from django_tasklock.backends.base import (
     storage_key,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
+from django_tasklock.backends.redis_urls import client_from_url
 
 if TYPE_CHECKING:
     # redis-py is imported when a connection is made, never at import: without
@@ -137,7 +138,6 @@ return 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _STALE_MS = int(STALE_AFTER / timedelta(milliseconds=1))
 _BATCH = 500
-_TIMEOUT_S = 10
 
 
 def _ms(duration: timedelta) -> int:
@@ -247,17 +247,13 @@ class RedisBackend(BaseBackend):
 
     def _connect(self) -> redis.Redis:
         try:
-            import redis
+            import redis  # noqa: F401 - the check that redis-py is installed
         except ImportError as exc:
             raise ImproperlyConfigured(
                 f"The Redis lock backend needs redis-py: {INSTALL_HINT}."
             ) from exc
         if self._url is not None:
-            # A Redis that stops answering must not stall the heartbeat for
-            # ever; options in the URL's query string win over these.
-            return redis.Redis.from_url(
-                self._url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S
-            )
+            return client_from_url(self._url)
         try:
             from django_redis import get_redis_connection
         except ImportError as exc:
