@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
+from django_tasklock.decorators import exclusive
 from django_tasklock.exceptions import LockNotAcquired, TaskLockError
 from django_tasklock.lock import Lock
 from django_tasklock.options import LockKwargs
@@ -26,6 +27,7 @@ __all__ = [
     "TaskLockError",
     "TaskLockService",
     "arun_exclusive",
+    "exclusive",
     "lock",
     "lock_acquired",
     "lock_lost",

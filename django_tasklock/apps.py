@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import AppConfig
+from django.core import checks
 from django.core.signals import setting_changed
 
 # What the chosen backend is built from (TASKLOCK_DEFAULTS is read per call).
@@ -30,6 +31,8 @@ class TaskLockConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        from django_tasklock import checks  # noqa: F401 - registers the system checks
+        from django_tasklock.checks import check_tasklock_settings
+
+        checks.register(check_tasklock_settings)
 
         setting_changed.connect(_forget_backend, dispatch_uid="django_tasklock.reset")

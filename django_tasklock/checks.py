@@ -1,4 +1,7 @@
-"""System checks: a misconfiguration is reported by ``manage.py check``, never at import."""
+"""System checks: a misconfiguration is reported by ``manage.py check``, never at import.
+
+Registered by the app's ``AppConfig.ready()``.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,6 @@ from django.core.exceptions import ImproperlyConfigured
 from django_tasklock.conf import conf
 
 
-@checks.register()
 def check_tasklock_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     from django_tasklock.backends import BUILTIN_BACKENDS, backend_class
     from django_tasklock.options import project_defaults

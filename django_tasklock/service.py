@@ -7,7 +7,6 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from django_tasklock import checks as _checks  # noqa: F401 - checks also without the app
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock
 from django_tasklock.lease import new_token as new_token

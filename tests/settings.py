@@ -4,7 +4,7 @@ import os
 import tempfile
 from typing import Any
 
-from tests import services
+from tests import jobs, services
 
 SECRET_KEY = "django-tasklock-tests"
 USE_TZ = True
@@ -17,7 +17,10 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_tasklock",
+    *jobs.TASK_APPS,
 ]
+TASKS = jobs.TASKS
+ROOT_URLCONF = "tests.urls"
 
 _sqlite_file = os.path.join(tempfile.gettempdir(), f"django_tasklock_test_{os.getpid()}.sqlite3")
 DATABASES: dict[str, Any] = {

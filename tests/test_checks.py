@@ -83,6 +83,40 @@ def test_redis_url_needs_no_cache() -> None:
         assert check_tasklock_settings() == []
 
 
+@pytest.fixture
+def atomic_requests_on_sqlite(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ATOMIC_REQUESTS on for the SQLite ``default`` database, as Django reads it per request."""
+    from django.db import connections
+
+    monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
+
+
+@pytest.mark.usefixtures("atomic_requests_on_sqlite")
+def test_atomic_requests_on_the_sqlite_lock_database_is_w001() -> None:
+    messages = check_tasklock_settings()
+    assert ids(messages) == ["django_tasklock.W001"]
+    assert "ATOMIC_REQUESTS" in messages[0].msg
+    assert "@transaction.non_atomic_requests" in str(messages[0].hint)
+
+
+@pytest.mark.usefixtures("atomic_requests_on_sqlite")
+def test_w001_is_reported_by_manage_py_check(capsys: pytest.CaptureFixture[str]) -> None:
+    call_command("check")  # a warning does not fail the command
+    assert "django_tasklock.W001" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("atomic_requests_on_sqlite")
+def test_atomic_requests_matter_only_on_the_database_backend() -> None:
+    with override_settings(TASKLOCK_BACKEND="memory"):
+        assert check_tasklock_settings() == []
+
+
+def test_the_app_registers_its_checks_when_ready() -> None:
+    from django.core.checks.registry import registry
+
+    assert check_tasklock_settings in list(registry.get_checks())  # type: ignore[comparison-overlap]
+
+
 def test_postgres_alias_on_sqlite_is_e008_and_refused_at_first_use() -> None:
     from django.core.exceptions import ImproperlyConfigured
 

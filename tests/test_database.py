@@ -154,6 +154,17 @@ def test_sqlite_refuses_a_lock_inside_a_transaction_and_writes_nothing() -> None
     assert backend.peek("sqlite-tx") is None
 
 
+def test_sqlite_refusal_under_atomic_requests_names_the_setting_and_the_way_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
+    backend = DatabaseBackend(using="default")
+    with transaction.atomic(using="default"), pytest.raises(TaskLockError) as info:
+        backend.acquire("sqlite-atomic-requests", new_token(), ttl=LONG, max_lifetime=LIFE)
+    assert "ATOMIC_REQUESTS" in str(info.value)
+    assert "@transaction.non_atomic_requests" in str(info.value)
+
+
 def _wait_for_lock_waiters(alias: str, count: int) -> None:
     """Until ``count`` statements of the test database wait on a row lock."""
     deadline = time.monotonic() + 10

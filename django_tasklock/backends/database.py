@@ -143,6 +143,18 @@ class DatabaseBackend(BaseBackend):
                     id="django_tasklock.E006",
                 )
             )
+        elif _is_sqlite_with_atomic_requests(conf.DATABASE):
+            errors.append(
+                checks.Warning(
+                    f"ATOMIC_REQUESTS is on for the SQLite database {conf.DATABASE!r} that "
+                    "holds the task locks: every view taking a lock (@exclusive) fails, "
+                    "because SQLite has one writer and the view's transaction is it.",
+                    hint="Mark those views @transaction.non_atomic_requests, or keep the "
+                    "locks elsewhere: TASKLOCK_DATABASE naming another database, or "
+                    "TASKLOCK_BACKEND = 'redis'.",
+                    id="django_tasklock.W001",
+                )
+            )
         return errors
 
     # -- the contract ------------------------------------------------------
@@ -345,6 +357,11 @@ def _held(row: CacheEntry) -> HeldLock:
         expires_at=expires_at,
         seconds_left=max(0.0, (expires_at - server_now).total_seconds()),
     )
+
+
+def _is_sqlite_with_atomic_requests(using: str) -> bool:
+    connection = connections[using]  # a wrapper only: nothing connects
+    return connection.vendor == "sqlite" and bool(connection.settings_dict["ATOMIC_REQUESTS"])
 
 
 def _savepoint_if_in_transaction(alias: str) -> AbstractContextManager[Any]:

@@ -86,6 +86,11 @@ def alias_for_writing(using: str) -> Iterator[str]:
             "nor released before your transaction ends. Acquire it outside "
             "transaction.atomic(), or keep the locks elsewhere (TASKLOCK_DATABASE naming "
             "another database, or TASKLOCK_BACKEND = 'redis')."
+            + (
+                _ATOMIC_REQUESTS_ADVICE.format(using=using)
+                if connection.settings_dict.get("ATOMIC_REQUESTS")
+                else ""
+            )
         )
     side = using + SIDE_SUFFIX
     if _thread_connection(side) is not None:
@@ -103,6 +108,14 @@ def alias_for_writing(using: str) -> Iterator[str]:
             logger.debug("Closing the side connection to %r failed.", using, exc_info=True)
         finally:
             del connections[side]
+
+
+# Under ATOMIC_REQUESTS Django opens the transaction, not the caller's code.
+_ATOMIC_REQUESTS_ADVICE = (
+    " ATOMIC_REQUESTS is on for {using!r}, so Django runs every view inside such a "
+    "transaction: mark the views that take a task lock (@exclusive) with "
+    "@transaction.non_atomic_requests (for a class-based view, wrap its as_view())."
+)
 
 
 def add_thread_connection(

@@ -1,0 +1,181 @@
+"""``@exclusive``: run a function, view or task only while nobody else holds its key."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Coroutine
+from contextlib import AsyncExitStack, ExitStack
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
+
+from asgiref.sync import iscoroutinefunction
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+
+from django_tasklock.exceptions import LockNotAcquired
+from django_tasklock.keys import KeyBuilder, KeySpec
+from django_tasklock.lock import Lock
+from django_tasklock.options import LockKwargs, check_lock_kwargs, validate_callable
+from django_tasklock.service import TaskLockService, lock
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Resp = TypeVar("Resp", bound=HttpResponseBase)
+
+#: The body of the 409 a view gets while its key is held.
+CONFLICT_MESSAGE = "409 Conflict: this is already running; try again later.\n"
+
+
+class Decorator(Protocol):
+    """What ``exclusive(...)`` returns: views keep their type, other results may be None."""
+
+    @overload
+    def __call__(
+        self, func: Callable[P, Coroutine[Any, Any, Resp]], /
+    ) -> Callable[P, Coroutine[Any, Any, Resp]]: ...
+    @overload
+    def __call__(
+        self, func: Callable[P, Coroutine[Any, Any, R]], /
+    ) -> Callable[P, Coroutine[Any, Any, R | None]]: ...
+    @overload
+    def __call__(self, func: Callable[P, Resp], /) -> Callable[P, Resp]: ...
+    @overload
+    def __call__(self, func: Callable[P, R], /) -> Callable[P, R | None]: ...
+
+
+@overload
+def exclusive(
+    func: Callable[P, Coroutine[Any, Any, Resp]], /
+) -> Callable[P, Coroutine[Any, Any, Resp]]: ...
+@overload
+def exclusive(
+    func: Callable[P, Coroutine[Any, Any, R]], /
+) -> Callable[P, Coroutine[Any, Any, R | None]]: ...
+@overload
+def exclusive(func: Callable[P, Resp], /) -> Callable[P, Resp]: ...
+@overload
+def exclusive(func: Callable[P, R], /) -> Callable[P, R | None]: ...
+@overload
+def exclusive(
+    key: str | None = None,
+    /,
+    *,
+    on_locked: Callable[..., Any] | None = None,
+    service: TaskLockService | None = None,
+    **options: Unpack[LockKwargs],
+) -> Decorator: ...
+@overload
+def exclusive(
+    *,
+    key: KeySpec,
+    on_locked: Callable[..., Any] | None = None,
+    service: TaskLockService | None = None,
+    **options: Unpack[LockKwargs],
+) -> Decorator: ...
+def exclusive(
+    target: Any = None,
+    /,
+    *,
+    key: KeySpec = None,
+    on_locked: Callable[..., Any] | None = None,
+    service: TaskLockService | None = None,
+    **options: Unpack[LockKwargs],
+) -> Any:
+    """Run the decorated function only while nobody else holds its key.
+
+    Usable bare (``@exclusive``: the key is ``"module.QualifiedName"``) or
+    called: ``@exclusive("community-pr:{work.id}", ttl=600)``. The key is a
+    ``str.format`` template over the call's arguments (defaults applied;
+    attribute and index access such as ``{request.user.pk}`` work), or a
+    callable taking the same arguments, passed as ``key=``. A template that
+    names something the function has no parameter for is a ``ValueError``
+    at decoration; one that cannot be rendered from a call's arguments is a
+    ``ValueError`` at that call, naming what was missing.
+
+    When another holder has the key, the function does not run, and the call
+    returns ``on_locked(*args, **kwargs)``'s value when given (awaited if it
+    is awaitable, in an ``async def``); else, for a Django view (a call with
+    an ``HttpRequest`` argument), a ``409 Conflict`` plain-text response;
+    else ``None``.
+
+    ``async def`` functions get an ``async def`` wrapper (decided now, not
+    per call); the wrapper keeps the function's name, docstring, signature
+    and ``__wrapped__``. Lock options (``ttl``, ``refresh_interval``,
+    ``max_lifetime``, ``wait``, ``min_hold``, ``fencing``) are those of
+    ``TaskLockService.lock``: an unknown one is a ``TypeError`` now, bad
+    values a ``TypeError`` or ``ValueError`` at each call, before anything is
+    written. ``service`` defaults to the one of ``TASKLOCK_BACKEND``.
+    """
+    if callable(target) and not isinstance(target, str):
+        if key is not None:
+            raise TypeError("exclusive() got a function and key=: pass the key only")
+        if getattr(target, "__name__", "") == "<lambda>":
+            raise TypeError("a key function is passed as exclusive(key=...), not positionally")
+        return exclusive(key=None, on_locked=on_locked, service=service, **options)(target)
+    if target is not None:
+        if key is not None:
+            raise TypeError("exclusive() got the key twice: positionally and as key=")
+        if not isinstance(target, str):
+            raise TypeError(
+                f"key must be a str.format template or a callable, not {type(target).__name__}"
+            )
+        key = target
+    validate_callable("on_locked", on_locked, optional=True)
+    check_lock_kwargs(options)
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        validate_callable("func", func)
+        return _wrap(func, KeyBuilder(func, key), options, on_locked, service)
+
+    return decorate
+
+
+def _wrap(
+    func: Callable[..., Any],
+    build_key: KeyBuilder,
+    options: LockKwargs,
+    on_locked: Callable[..., Any] | None,
+    service: TaskLockService | None,
+) -> Callable[..., Any]:
+    def make_lock(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lock:
+        key = build_key(args, kwargs)
+        return service.lock(key, **options) if service is not None else lock(key, **options)
+
+    # The exit stacks keep the ``try`` around acquisition only: a LockNotAcquired
+    # raised by the function itself (a lock it takes) propagates, it is not "held".
+    if iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            async with AsyncExitStack() as stack:
+                try:
+                    await stack.enter_async_context(make_lock(args, kwargs))
+                except LockNotAcquired:
+                    outcome = _when_held(on_locked, args, kwargs)
+                    return await outcome if inspect.isawaitable(outcome) else outcome
+                return await func(*args, **kwargs)
+
+        return async_wrapper
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with ExitStack() as stack:
+            try:
+                stack.enter_context(make_lock(args, kwargs))
+            except LockNotAcquired:
+                return _when_held(on_locked, args, kwargs)
+            return func(*args, **kwargs)
+
+    return wrapper
+
+
+def _when_held(
+    on_locked: Callable[..., Any] | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    if on_locked is not None:
+        return on_locked(*args, **kwargs)
+    if any(isinstance(arg, HttpRequest) for arg in (*args, *kwargs.values())):
+        return HttpResponse(CONFLICT_MESSAGE, status=409, content_type="text/plain")
+    return None

@@ -1,0 +1,47 @@
+"""A Celery app and task for the worker the tests start (``celery -A tests.jobs.celery_tasks``).
+
+Broker and queue come from the environment the test gives the worker;
+results travel back over the broker (the ``rpc://`` result backend).
+"""
+
+from __future__ import annotations
+
+import os
+
+import django
+from celery import Celery, shared_task
+from django.apps import apps
+from kombu.entity import Queue
+
+from django_tasklock import exclusive
+from tests.jobs import hold
+
+if not apps.ready:  # in the worker; the test process has set Django up already
+    django.setup()
+
+app = Celery(
+    "tasklock_tests",
+    broker=os.environ.get("TASKLOCK_TEST_AMQP_URL", "memory://"),
+    backend="rpc://",
+)
+queue = os.environ.get("TASKLOCK_TEST_CELERY_QUEUE", "tasklock-tests")
+app.conf.update(
+    task_default_queue=queue,
+    # Gone from the broker once the test's worker stops.
+    task_queues=[Queue(queue, durable=False, auto_delete=True)],
+    worker_hijack_root_logger=False,
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+)
+
+
+@shared_task
+@exclusive("celery:{key}", ttl=60)
+def hold_key(key: str, job: str, signals: str) -> str:
+    """Hold ``celery:key`` until the test releases ``job``."""
+    return hold(job, signals)
+
+
+@shared_task
+def ping() -> str:
+    return "pong"
