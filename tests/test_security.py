@@ -101,3 +101,21 @@ def test_keys_full_of_sql_and_pattern_characters_stay_literal(
         for k in keys:
             backend.release(k, tokens[k])
     assert [held.key for held in backend.list() if held.key.startswith(key)] == []
+
+
+def test_tokens_never_reach_the_commands_output(active_backend: ContractBackend, key: str) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    token = new_token()
+    backend = active_backend.backend
+    assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+    try:
+        shown = StringIO()
+        call_command("tasklock", "list", stdout=shown)
+        call_command("tasklock", "list", "--json", stdout=shown)
+        assert key in shown.getvalue()
+        assert secret(token) not in shown.getvalue()
+    finally:
+        backend.release(key, token)
