@@ -1,10 +1,14 @@
 """Keeping held leases alive: one daemon thread for the whole process.
 
 Every lease the process holds is scheduled on one heap; the thread sleeps until
-the earliest is due, refreshes it through its backend, and schedules it again
-``refresh_interval`` later. The thread is a daemon (it never keeps the process
-alive at exit), starts on the first lease, is recreated in a forked child, and
-lets go of its connections whenever it has nothing to keep alive.
+the earliest is due, then refreshes every lease due by then (and those due
+within half their interval) with one ``refresh_many`` call per backend, which
+the built-in backends send as one statement per chunk of 500 leases, and
+schedules each again ``refresh_interval`` later. Each lost lease is still
+reported on its own. Releasing never waits for a refresh under way. The
+thread is a daemon (it never keeps the process alive at exit), starts on the
+first lease, is recreated in a forked child, and lets go of its connections
+whenever it has nothing to keep alive.
 
 A lease stops being refreshed when it is released, found lost, or reaches
 ``max_lifetime`` (then a warning is logged and the lease allowed to expire; the
@@ -16,11 +20,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import os
 import threading
 import time
 from typing import TYPE_CHECKING
 
+from django_tasklock.backends.base import Refresh
 from django_tasklock.signals import lock_lost
 
 if TYPE_CHECKING:
@@ -33,6 +39,9 @@ logger = logging.getLogger("django_tasklock")
 
 # Closed leases tolerated in the heap before it is compacted.
 _COMPACT_AFTER = 64
+# A lease due within this share of its refresh interval is refreshed with the
+# ones due now (see Heartbeat._next_due).
+_EARLY = 0.5
 
 
 class Lease:
@@ -114,25 +123,31 @@ class Heartbeat:
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Lease]] = []
         self._thread: threading.Thread | None = None
+        # Backends the thread refreshed through since it last went idle: only
+        # those can have connections of the thread's to close.
         self._touched: dict[int, BaseBackend] = {}
         self._closed = 0  # closed leases still in the heap
+        # When the thread next looks at the heap by itself (-inf: it is busy
+        # and will look before sleeping): a new lease due later needs no wake-up.
+        self._wake_at = math.inf
 
     def add(self, lease: Lease) -> None:
         with self._cond:
             heapq.heappush(self._heap, (lease.next_due, next(self._seq), lease))
-            self._touched[id(lease.backend)] = lease.backend
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="django-tasklock-heartbeat", daemon=True
                 )
                 self._thread.start()
-            elif self._heap[0][2] is lease:
+            elif lease.next_due < self._wake_at:
+                self._wake_at = lease.next_due
                 self._cond.notify()  # due before whatever the thread sleeps until
 
     def remove(self, lease: Lease) -> None:
         """Stop refreshing ``lease``; a refresh already under way is disregarded.
 
-        The thread is woken only when nothing is left to keep alive. Closed
+        Never waits for a refresh under way. The thread is woken only when
+        nothing is left to keep alive and it has connections to close. Closed
         leases are dropped when they come due, or all at once when they are
         half the heap (many short locks with a long ttl would otherwise pile
         up until their first refresh is due).
@@ -146,7 +161,7 @@ class Heartbeat:
                 self._heap = [entry for entry in self._heap if not entry[2].closed]
                 heapq.heapify(self._heap)
                 self._closed = 0
-                if not self._heap:
+                if not self._heap and self._touched:
                     self._cond.notify()  # going idle: let the thread close its connections
 
     def _after_fork(self) -> None:
@@ -154,8 +169,13 @@ class Heartbeat:
         # parent's to keep alive; the condition may have been held mid-fork.
         self._start_empty()
 
-    def _next_due(self) -> Lease | list[BaseBackend]:
-        """The next lease when it is due; or, on going idle, the backends to close."""
+    def _next_due(self) -> tuple[list[Lease], list[BaseBackend]]:
+        """The leases due now (and those due soon); or, on going idle, the backends to close.
+
+        A lease due within half its refresh interval joins the ones due now:
+        refreshing it a little early costs nothing, and leases taken at
+        different times then share one statement instead of one each.
+        """
         with self._cond:
             while True:
                 while self._heap and self._heap[0][2].closed:
@@ -164,79 +184,116 @@ class Heartbeat:
                 if not self._heap:
                     if self._touched:
                         idle, self._touched = list(self._touched.values()), {}
-                        return idle
+                        return [], idle
+                    self._wake_at = math.inf
                     self._cond.wait()
                     continue
-                due = self._heap[0][0] - time.monotonic()
-                if due <= 0:
-                    return heapq.heappop(self._heap)[2]
-                self._cond.wait(due)
+                now = time.monotonic()
+                if self._heap[0][0] > now:
+                    self._wake_at = self._heap[0][0]
+                    self._cond.wait(self._wake_at - now)
+                    continue
+                self._wake_at = -math.inf
+                due: list[Lease] = []
+                while self._heap:
+                    when, _, lease = self._heap[0]
+                    if when > now + _EARLY * lease.options.refresh_interval.total_seconds():
+                        break
+                    heapq.heappop(self._heap)
+                    if lease.closed:
+                        self._closed = max(0, self._closed - 1)
+                    else:
+                        due.append(lease)
+                return due, []
 
     def _run(self) -> None:
         while True:
-            due = self._next_due()
-            if isinstance(due, list):
-                # Nothing to keep alive: connections this thread opened would
-                # only sit open (and keep test databases from being dropped).
-                for backend in due:
-                    try:
-                        backend.close()
-                    except Exception:  # pragma: no cover - closing is best effort
-                        logger.debug("Closing idle connections failed.", exc_info=True)
-                continue
-            try:
-                again = self._beat(due)
-            except BaseException:  # even SystemExit from a receiver: the thread must go on
-                logger.exception("The django-tasklock heartbeat failed on %r.", due.key)
-                interval = due.options.refresh_interval.total_seconds()
-                due.next_due = max(due.next_due, time.monotonic() + interval)
-                again = True
-            if again:
+            due, idle = self._next_due()
+            # Nothing to keep alive: connections this thread opened would only
+            # sit open (and keep test databases from being dropped).
+            for backend in idle:
+                try:
+                    backend.close()
+                except Exception:  # pragma: no cover - closing is best effort
+                    logger.debug("Closing idle connections failed.", exc_info=True)
+            by_backend: dict[int, list[Lease]] = {}
+            for lease in due:
+                by_backend.setdefault(id(lease.backend), []).append(lease)
+            for leases in by_backend.values():
+                try:
+                    again = self._beat(leases)
+                except BaseException:  # even SystemExit from a receiver: the thread must go on
+                    logger.exception(
+                        "The django-tasklock heartbeat failed on %r.", [x.key for x in leases]
+                    )
+                    for lease in leases:
+                        interval = lease.options.refresh_interval.total_seconds()
+                        lease.next_due = max(lease.next_due, time.monotonic() + interval)
+                    again = leases
                 with self._cond:
-                    if not due.closed:
-                        heapq.heappush(self._heap, (due.next_due, next(self._seq), due))
+                    for lease in again:
+                        if not lease.closed:
+                            heapq.heappush(self._heap, (lease.next_due, next(self._seq), lease))
 
-    def _beat(self, lease: Lease) -> bool:
-        """Refresh ``lease`` once. True if it should be refreshed again."""
+    def _beat(self, leases: list[Lease]) -> list[Lease]:
+        """Refresh ``leases`` (all of one backend) in one call; return those to refresh again."""
         now = time.monotonic()
-        if now >= lease.deadline:
-            logger.warning(
-                "Task lock %r reached its max_lifetime of %s: no longer refreshed, the lease "
-                "will expire while the work may still be running.",
-                lease.key,
-                lease.options.max_lifetime,
-            )
-            return False
-        interval = lease.options.refresh_interval.total_seconds()
-        lease.next_due = min(now + interval, lease.deadline)
+        live: list[Lease] = []
+        for lease in leases:
+            if now >= lease.deadline:
+                logger.warning(
+                    "Task lock %r reached its max_lifetime of %s: no longer refreshed, the "
+                    "lease will expire while the work may still be running.",
+                    lease.key,
+                    lease.options.max_lifetime,
+                )
+                continue
+            interval = lease.options.refresh_interval.total_seconds()
+            lease.next_due = min(now + interval, lease.deadline)
+            live.append(lease)
+        if not live:
+            return []
+        backend = live[0].backend
+        with self._cond:
+            self._touched[id(backend)] = backend
         try:
-            still_ours = lease.backend.refresh(
-                lease.key,
-                lease.token,
-                ttl=lease.options.ttl,
-                max_lifetime=lease.options.max_lifetime,
+            answers = backend.refresh_many(
+                [
+                    Refresh(x.key, x.token, ttl=x.options.ttl, max_lifetime=x.options.max_lifetime)
+                    for x in live
+                ]
             )
         except Exception:
+            return self._failed(live)
+        again: list[Lease] = []
+        for lease, still_ours in zip(live, answers, strict=True):
             if lease.closed:
-                return False
+                continue
+            if not still_ours:
+                lease.report_lost("refresh")
+                continue
+            lease.valid_until = min(now + lease.options.ttl.total_seconds(), lease.deadline)
+            again.append(lease)
+        return again
+
+    def _failed(self, leases: list[Lease]) -> list[Lease]:
+        """After a failed refresh: leases past their known end are lost, the others retried."""
+        logger.warning(
+            "Refreshing task lock %r%s failed; retrying in %.1f s.",
+            leases[0].key,
+            f" and {len(leases) - 1} more" if len(leases) > 1 else "",
+            leases[0].options.refresh_interval.total_seconds(),
+            exc_info=True,
+        )
+        again: list[Lease] = []
+        for lease in leases:
+            if lease.closed:
+                continue
             if time.monotonic() > lease.valid_until:
-                logger.warning("Refreshing task lock %r failed.", lease.key, exc_info=True)
                 lease.report_lost("no refresh succeeded before the lease ran out")
-                return False
-            logger.warning(
-                "Refreshing task lock %r failed; retrying in %.1f s.",
-                lease.key,
-                interval,
-                exc_info=True,
-            )
-            return True
-        if lease.closed:
-            return False
-        if not still_ours:
-            lease.report_lost("refresh")
-            return False
-        lease.valid_until = min(now + lease.options.ttl.total_seconds(), lease.deadline)
-        return True
+                continue
+            again.append(lease)
+        return again
 
 
 _heartbeat = Heartbeat()

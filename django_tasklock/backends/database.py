@@ -18,6 +18,7 @@ could delete a lease taken over in between.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -30,12 +31,14 @@ from django.db import Error, IntegrityError, connections, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Least, Now
 
+from django_tasklock.backends import db_statements
 from django_tasklock.backends.base import (
     KEY_PREFIX,
     STALE_AFTER,
     BaseBackend,
     HeldLock,
     Holder,
+    Refresh,
     caller_key,
     storage_key,
 )
@@ -73,6 +76,10 @@ class DatabaseBackend(BaseBackend):
         self.using = using
         self._test_leases: set[tuple[str, str]] = set()
         self._test_leases_lock = threading.Lock()
+        self._cached_model: type[CacheEntry] | None = None
+        # Per alias, the release DELETEs (live rows, any row), compiled once.
+        self._releases: dict[str, tuple[db_statements.Release, db_statements.Release]] = {}
+        self._lease_lengths: dict[timedelta, Any] = {}  # Now() + length, built once
 
     @classmethod
     def from_settings(cls) -> DatabaseBackend:
@@ -109,7 +116,7 @@ class DatabaseBackend(BaseBackend):
                     model.objects.using(alias).create(
                         key=stored,
                         value=token,
-                        expires_at=Now() + min(ttl, max_lifetime),
+                        expires_at=self._ends_in(min(ttl, max_lifetime)),
                         created_at=Now(),
                     )
             except IntegrityError as exc:
@@ -160,15 +167,42 @@ class DatabaseBackend(BaseBackend):
             raise
         return updated == 1
 
+    def refresh_many(self, items: Sequence[Refresh]) -> list[bool]:
+        """One UPDATE per chunk of 500 leases (per ttl and cap, except on PostgreSQL).
+
+        Runs under a statement timeout (``db_statements.REFRESH_TIMEOUT``, 5 s)
+        set once on the calling thread's connection, the heartbeat's own.
+        """
+        pending = [
+            item for item in items if (storage_key(item.key), item.token) not in self._test_leases
+        ]
+        if not pending:
+            return [True] * len(items)
+        model, alias = self._model(), alias_for_writing(self.using)
+        rows = [(storage_key(i.key), i.token, i.ttl, i.max_lifetime) for i in pending]
+        try:
+            ours = db_statements.refresh(model, alias, rows)
+        except Error:
+            # A killed or dropped connection: let the next attempt open a new one.
+            connections[alias].close_if_unusable_or_obsolete()
+            raise
+        return [
+            (key, item.token) in ours or (key, item.token) in self._test_leases
+            for item in items
+            for key in (storage_key(item.key),)
+        ]
+
     def release(self, key: str, token: str) -> bool:
-        with self._test_leases_lock:
-            self._test_leases.discard((storage_key(key), token))
+        stored = storage_key(key)
+        if self._test_leases:
+            with self._test_leases_lock:
+                self._test_leases.discard((stored, token))
         alias = alias_for_writing(self.using)
-        ours = self._model().objects.using(alias).filter(key=storage_key(key), value=token)
-        if ours.filter(expires_at__gt=Now())._raw_delete(alias):
+        live, any_row = self._release_statements(alias)
+        if live.run(alias, stored, token):
             return True
         # Not live: lost. Still clear our own expired row, if it is there.
-        ours._raw_delete(alias)
+        any_row.run(alias, stored, token)
         return False
 
     def force_release(self, key: str) -> bool:
@@ -194,7 +228,32 @@ class DatabaseBackend(BaseBackend):
 
     # -- helpers -----------------------------------------------------------
 
+    def _release_statements(
+        self, alias: str
+    ) -> tuple[db_statements.Release, db_statements.Release]:
+        """The token DELETEs for ``alias``, compiled on first use (again if its engine changed)."""
+        compiled = self._releases.get(alias)
+        if compiled is None or compiled[0].engine != connections[alias].settings_dict["ENGINE"]:
+            model = self._model()
+            compiled = (
+                db_statements.Release(model, alias, live_only=True),
+                db_statements.Release(model, alias, live_only=False),
+            )
+            self._releases[alias] = compiled
+        return compiled
+
+    def _ends_in(self, length: timedelta) -> Any:
+        """``Now() + length``, one expression per length (the ORM copies it to resolve it)."""
+        expression = self._lease_lengths.get(length)
+        if expression is None:
+            if len(self._lease_lengths) > 64:  # callers with ever-new ttls: do not grow
+                self._lease_lengths.clear()
+            expression = self._lease_lengths[length] = Now() + length
+        return expression
+
     def _model(self) -> type[CacheEntry]:
+        if self._cached_model is not None:
+            return self._cached_model
         if not apps.is_installed("django_tasklock"):
             raise ImproperlyConfigured(
                 'The database backend of django-tasklock needs "django_tasklock" in '
@@ -202,6 +261,7 @@ class DatabaseBackend(BaseBackend):
             )
         from django_tasklock.models import CacheEntry
 
+        self._cached_model = CacheEntry
         return CacheEntry
 
     def _live(self) -> QuerySet[CacheEntry]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import threading
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -36,6 +37,7 @@ from django_tasklock.backends.base import (
     BaseBackend,
     HeldLock,
     Holder,
+    Refresh,
     caller_key,
     storage_key,
 )
@@ -62,7 +64,7 @@ local function is_free(key, now, stale_ms)
 end
 """
 
-# Each script takes KEYS[1], the stored key.
+# Each script but "refresh_many" takes KEYS[1], the stored key.
 _SCRIPTS = {
     # ARGV: token, lease_ms, stale_ms. 1 if acquired.
     "acquire": """
@@ -82,6 +84,24 @@ if token ~= ARGV[1] then return 0 end
 local left = math.min(tonumber(ARGV[2]), at + tonumber(ARGV[3]) - now_ms())
 if left > 0 then redis.call('PEXPIRE', KEYS[1], left) end
 return 1
+""",
+    # KEYS: many stored keys; ARGV: token, ttl_ms, max_lifetime_ms for each.
+    # One reply per key, as "refresh" would give.
+    "refresh_many": """
+local now = now_ms()
+local out = {}
+for i, key in ipairs(KEYS) do
+  local arg = (i - 1) * 3
+  local token, at = parse(redis.pcall('GET', key))
+  if token ~= ARGV[arg + 1] then
+    out[i] = 0
+  else
+    local left = math.min(tonumber(ARGV[arg + 2]), at + tonumber(ARGV[arg + 3]) - now)
+    if left > 0 then redis.call('PEXPIRE', key, left) end
+    out[i] = 1
+  end
+end
+return out
 """,
     # ARGV: token. 1 if deleted.
     "release": """
@@ -111,6 +131,8 @@ return 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _STALE_MS = int(STALE_AFTER / timedelta(milliseconds=1))
 _BATCH = 500
+#: Most leases one refresh script carries.
+REFRESH_CHUNK = 500
 _TIMEOUT_S = 10
 
 
@@ -246,6 +268,25 @@ class RedisBackend(BaseBackend):
         A lease that expired is gone from Redis, so it is reported lost, never revived.
         """
         return bool(self._run("refresh", storage_key(key), token, _ms(ttl), _ms(max_lifetime)))
+
+    def refresh_many(self, items: Sequence[Refresh]) -> list[bool]:
+        """One EVALSHA per chunk of 500 leases, each judged as :meth:`refresh` would.
+
+        A Redis that stops answering fails the call after the connection's
+        socket timeout (10 s for a ``url``; a django-redis cache's own otherwise).
+        """
+        answers: list[bool] = []
+        for start in range(0, len(items), REFRESH_CHUNK):
+            chunk = items[start : start + REFRESH_CHUNK]
+            args: list[Any] = []
+            for item in chunk:
+                args += (item.token, _ms(item.ttl), _ms(item.max_lifetime))
+            self._conn()
+            replies = self._scripts["refresh_many"](
+                keys=[storage_key(item.key) for item in chunk], args=args
+            )
+            answers += [bool(reply) for reply in replies]
+        return answers
 
     def release(self, key: str, token: str) -> bool:
         return bool(self._run("release", storage_key(key), token))
