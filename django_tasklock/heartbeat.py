@@ -42,6 +42,8 @@ _COMPACT_AFTER = 64
 # A lease due within this share of its refresh interval is refreshed with the
 # ones due now (see Heartbeat._next_due).
 _EARLY = 0.5
+# Seconds an idle thread sleeps before looking at the heap again by itself.
+_IDLE_WAKE = 30.0
 
 
 class Lease:
@@ -185,8 +187,11 @@ class Heartbeat:
                     if self._touched:
                         idle, self._touched = list(self._touched.values()), {}
                         return [], idle
-                    self._wake_at = math.inf
-                    self._cond.wait()
+                    # Idle, but looking again now and then: a new lease due
+                    # after that needs no wake-up (a loop of short locks would
+                    # otherwise wake the thread for each).
+                    self._wake_at = time.monotonic() + _IDLE_WAKE
+                    self._cond.wait(_IDLE_WAKE)
                     continue
                 now = time.monotonic()
                 if self._heap[0][0] > now:

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from django.core.signals import setting_changed
+
 from django_tasklock.backends.base import KEY_PREFIX, STALE_AFTER
 from django_tasklock.conf import conf
 
@@ -72,8 +74,34 @@ class LockOptions:
 
         ``refresh_interval`` defaults to a third of the ttl unless the settings
         name one shorter than the ttl. A value from settings that is invalid
-        is reported as ``TASKLOCK_DEFAULTS['name']``.
+        is reported as ``TASKLOCK_DEFAULTS['name']``. Results from the settings
+        are remembered per argument values (and types, so ``True`` is never
+        taken for ``1``) until ``TASKLOCK_DEFAULTS`` changes.
         """
+        if defaults is not None:
+            return cls._resolve(ttl, refresh_interval, max_lifetime, defaults)
+        args = (ttl, refresh_interval, max_lifetime)
+        cache_key = (args, tuple(map(type, args)))
+        try:
+            return _resolved[cache_key]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable argument: the checks below name it
+            return cls._resolve(ttl, refresh_interval, max_lifetime, None)
+        options = cls._resolve(ttl, refresh_interval, max_lifetime, None)
+        if len(_resolved) >= _RESOLVED_MAX:  # callers with ever-new values: do not grow
+            _resolved.clear()
+        _resolved[cache_key] = options
+        return options
+
+    @classmethod
+    def _resolve(
+        cls,
+        ttl: Duration | None,
+        refresh_interval: Duration | None,
+        max_lifetime: Duration | None,
+        defaults: Mapping[str, Any] | None,
+    ) -> LockOptions:
         project = conf.DEFAULTS if defaults is None else dict(defaults)
         unknown = set(project) - set(OPTION_NAMES)
         if unknown:
@@ -102,3 +130,18 @@ class LockOptions:
         if lifetime_td > MAX_LIFETIME_LIMIT:
             raise ValueError(f"max_lifetime must be at most 24 hours, got {lifetime_td}")
         return cls(ttl=ttl_td, refresh_interval=interval_td, max_lifetime=lifetime_td)
+
+
+# LockOptions.resolve's answers from the settings; see forget_resolved().
+_resolved: dict[tuple[tuple[object, ...], tuple[type, ...]], LockOptions] = {}
+_RESOLVED_MAX = 256
+
+
+def _forget_resolved(*, setting: str, **kwargs: Any) -> None:
+    """Drop remembered options when ``TASKLOCK_DEFAULTS`` changes (``override_settings``)."""
+    if setting == "TASKLOCK_DEFAULTS":
+        _resolved.clear()
+
+
+# Connected here, not in the app's ready(): the cache exists without the app too.
+setting_changed.connect(_forget_resolved, dispatch_uid="django_tasklock.options")
