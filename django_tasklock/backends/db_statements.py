@@ -54,10 +54,14 @@ class Release:
         self._order = [positions[p] for p in params]  # where the key and the token go
         self.engine = connections[alias].settings_dict["ENGINE"]
 
-    def run(self, alias: str, stored: str, token: str) -> int:
+    def params(self, stored: str, token: str) -> list[str]:
+        """The parameters of :attr:`sql` for this key and token, in the compiler's order."""
         values = (stored, token)
+        return [values[i] for i in self._order]
+
+    def run(self, alias: str, stored: str, token: str) -> int:
         with connections[alias].cursor() as cursor:
-            cursor.execute(self.sql, [values[i] for i in self._order])
+            cursor.execute(self.sql, self.params(stored, token))
             return int(cursor.rowcount)
 
 
