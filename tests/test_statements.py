@@ -199,3 +199,33 @@ def test_default_refresh_many_loops_over_refresh(key: str) -> None:
     ]
     assert backend.refresh_many(items) == [True, False]
     assert refreshed == [key, "gone"]
+
+
+@pytest.mark.parametrize("alias", ["default", "postgres"], ids=["sqlite", "postgres"])
+def test_refresh_many_gives_each_lease_its_own_ttl_and_cap(alias: str, key: str) -> None:
+    if alias == "postgres":
+        require_service("postgres")
+    backend = DatabaseBackend(using=alias)
+    short, long_, capped, lost = (f"{key}-{n}" for n in range(4))
+    tokens = {name: new_token() for name in (short, long_, capped, lost)}
+    for name, token in tokens.items():
+        assert backend.acquire(name, token, ttl=timedelta(seconds=10), max_lifetime=LIFE)
+    backend.force_release(lost)
+    items = [
+        Refresh(short, tokens[short], ttl=timedelta(seconds=60), max_lifetime=LIFE),
+        Refresh(long_, tokens[long_], ttl=timedelta(seconds=600), max_lifetime=LIFE),
+        Refresh(
+            capped, tokens[capped], ttl=timedelta(seconds=600), max_lifetime=timedelta(seconds=20)
+        ),
+        Refresh(lost, tokens[lost], ttl=timedelta(seconds=60), max_lifetime=LIFE),
+    ]
+    try:
+        assert backend.refresh_many(items) == [True, True, True, False]
+        left = {name: backend.peek(name) for name in (short, long_, capped)}
+        assert 50 < left[short].seconds_left <= 60  # type: ignore[union-attr]
+        assert 590 < left[long_].seconds_left <= 600  # type: ignore[union-attr]
+        assert 10 < left[capped].seconds_left <= 20  # type: ignore[union-attr]
+        assert backend.peek(lost) is None
+    finally:
+        for name in (short, long_, capped):
+            backend.release(name, tokens[name])

@@ -173,24 +173,26 @@ class DatabaseBackend(BaseBackend):
         Runs under a statement timeout (``db_statements.REFRESH_TIMEOUT``, 5 s)
         set once on the calling thread's connection, the heartbeat's own.
         """
-        pending = [
-            item for item in items if (storage_key(item.key), item.token) not in self._test_leases
+        stored = [storage_key(item.key) for item in items]
+        in_test = self._test_leases
+        rows = [
+            (key, item.token, item.ttl, item.max_lifetime)
+            for key, item in zip(stored, items, strict=True)
+            if not in_test or (key, item.token) not in in_test
         ]
-        if not pending:
-            return [True] * len(items)
-        model, alias = self._model(), alias_for_writing(self.using)
-        rows = [(storage_key(i.key), i.token, i.ttl, i.max_lifetime) for i in pending]
-        try:
-            ours = db_statements.refresh(model, alias, rows)
-        except Error:
-            # A killed or dropped connection: let the next attempt open a new one.
-            connections[alias].close_if_unusable_or_obsolete()
-            raise
-        return [
-            (key, item.token) in ours or (key, item.token) in self._test_leases
-            for item in items
-            for key in (storage_key(item.key),)
-        ]
+        ours: set[tuple[str, str]] = set()
+        if rows:
+            model, alias = self._model(), alias_for_writing(self.using)
+            try:
+                ours = db_statements.refresh(model, alias, rows)
+            except Error:
+                # A killed or dropped connection: let the next attempt open a new one.
+                connections[alias].close_if_unusable_or_obsolete()
+                raise
+        if in_test:
+            with self._test_leases_lock:
+                ours |= self._test_leases
+        return [(key, item.token) in ours for key, item in zip(stored, items, strict=True)]
 
     def release(self, key: str, token: str) -> bool:
         stored = storage_key(key)

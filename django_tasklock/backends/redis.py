@@ -251,8 +251,16 @@ class RedisBackend(BaseBackend):
         return connection
 
     def _run(self, name: str, key: str | bytes, *args: Any, client: Any = None) -> Any:
-        self._conn()
-        return self._scripts[name](keys=[key], args=args, client=client)
+        connection = self._conn()
+        script = self._scripts[name]
+        if client is not None:  # a pipeline, which loads missing scripts before sending
+            return script(keys=[key], args=args, client=client)
+        # EVALSHA sent directly: what Script.__call__ sends, minus its per-call work.
+        try:
+            return connection.evalsha(script.sha, 1, key, *args)
+        except NoScriptError:  # a restart or SCRIPT FLUSH emptied the server's cache
+            script.sha = connection.script_load(script.script)
+            return connection.evalsha(script.sha, 1, key, *args)
 
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         """``SET NX PX`` by the server clock; also takes over a key abandoned for 24 h.
