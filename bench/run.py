@@ -30,6 +30,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, help="one timed sample (default 1.0, quick 0.3)")
     parser.add_argument("--repeat", type=int, help="rounds (default 7, quick 3)")
     parser.add_argument("--out", type=Path, default=HERE, help="where results.json/png go")
+    parser.add_argument(
+        "--server-side-binding",
+        action="store_true",
+        help="PostgreSQL OPTIONS server_side_binding=True, prepare_threshold=5 (not behind "
+        "PgBouncer transaction pooling)",
+    )
     args = parser.parse_args(argv)
     args.backends = [name for name in args.backends.split(",") if name]
     unknown = set(args.backends) - set(ALL)
@@ -41,6 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.server_side_binding:
+        servers.POSTGRES_OPTIONS.update(server_side_binding=True, prepare_threshold=5)
     with servers.started(args.backends) as up:
         import beats
         import contenders
@@ -86,7 +94,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "seconds_per_sample": args.seconds,
             "rounds": args.repeat,
             "quick": args.quick,
-            "django_settings": "defaults (no server_side_binding, no pooling)",
+            "postgres_options": dict(servers.POSTGRES_OPTIONS),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         }
         return result

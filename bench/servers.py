@@ -61,6 +61,10 @@ def _parts(raw: str) -> dict[str, Any]:
     }
 
 
+#: PostgreSQL OPTIONS of the run (``--server-side-binding`` sets them).
+POSTGRES_OPTIONS: dict[str, Any] = {}
+
+
 @contextmanager
 def _postgres() -> Iterator[dict[str, Any]]:
     import psycopg
@@ -77,7 +81,12 @@ def _postgres() -> Iterator[dict[str, Any]]:
     )
     admin.execute(f'CREATE DATABASE "{SCRATCH}"')
     try:
-        yield {**base, "ENGINE": "django.db.backends.postgresql", "NAME": SCRATCH}
+        yield {
+            **base,
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": SCRATCH,
+            "OPTIONS": dict(POSTGRES_OPTIONS),
+        }
     finally:
         from django.db import connections
 

@@ -174,9 +174,9 @@ class Heartbeat:
     def _next_due(self) -> tuple[list[Lease], list[BaseBackend]]:
         """The leases due now (and those due soon); or, on going idle, the backends to close.
 
-        A lease due within half its refresh interval joins the ones due now:
-        refreshing it a little early costs nothing, and leases taken at
-        different times then share one statement instead of one each.
+        Leases due within half the first one's refresh interval join it:
+        refreshing a little early costs nothing, and leases taken at different
+        times then share one statement instead of one each.
         """
         with self._cond:
             while True:
@@ -199,12 +199,13 @@ class Heartbeat:
                     self._cond.wait(self._wake_at - now)
                     continue
                 self._wake_at = -math.inf
+                # Refreshing early is always safe; the first lease's interval
+                # sets how early, for the price of one look per tick.
+                first = self._heap[0][2].options.refresh_interval.total_seconds()
+                horizon = now + _EARLY * first
                 due: list[Lease] = []
-                while self._heap:
-                    when, _, lease = self._heap[0]
-                    if when > now + _EARLY * lease.options.refresh_interval.total_seconds():
-                        break
-                    heapq.heappop(self._heap)
+                while self._heap and self._heap[0][0] <= horizon:
+                    lease = heapq.heappop(self._heap)[2]
                     if lease.closed:
                         self._closed = max(0, self._closed - 1)
                     else:
@@ -244,7 +245,16 @@ class Heartbeat:
         """Refresh ``leases`` (all of one backend) in one call; return those to refresh again."""
         now = time.monotonic()
         live: list[Lease] = []
+        # Seconds of (refresh_interval, ttl) per options object: most leases share one.
+        seconds: dict[int, tuple[float, float]] = {}
         for lease in leases:
+            options = lease.options
+            known = seconds.get(id(options))
+            if known is None:
+                known = seconds[id(options)] = (
+                    options.refresh_interval.total_seconds(),
+                    options.ttl.total_seconds(),
+                )
             if now >= lease.deadline:
                 logger.warning(
                     "Task lock %r reached its max_lifetime of %s: no longer refreshed, the "
@@ -253,8 +263,7 @@ class Heartbeat:
                     lease.options.max_lifetime,
                 )
                 continue
-            interval = lease.options.refresh_interval.total_seconds()
-            lease.next_due = min(now + interval, lease.deadline)
+            lease.next_due = min(now + known[0], lease.deadline)
             live.append(lease)
         if not live:
             return []
@@ -263,10 +272,7 @@ class Heartbeat:
             self._touched[id(backend)] = backend
         try:
             answers = backend.refresh_many(
-                [
-                    Refresh(x.key, x.token, ttl=x.options.ttl, max_lifetime=x.options.max_lifetime)
-                    for x in live
-                ]
+                [Refresh(x.key, x.token, x.options.ttl, x.options.max_lifetime) for x in live]
             )
         except Exception:
             return self._failed(live)
@@ -277,7 +283,7 @@ class Heartbeat:
             if not still_ours:
                 lease.report_lost("refresh")
                 continue
-            lease.valid_until = min(now + lease.options.ttl.total_seconds(), lease.deadline)
+            lease.valid_until = min(now + seconds[id(lease.options)][1], lease.deadline)
             again.append(lease)
         return again
 

@@ -20,7 +20,7 @@ import abc
 import dataclasses
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 KEY_PREFIX = "task-lock:"
 #: A row whose holder acquired it longer ago than this is abandoned, whatever
@@ -67,9 +67,11 @@ class HeldLock:
     seconds_left: float  #: by the storage's clock at the time of reading
 
 
-@dataclasses.dataclass(frozen=True)
-class Refresh:
-    """One lease to extend in :meth:`BaseBackend.refresh_many`: the arguments of ``refresh``."""
+class Refresh(NamedTuple):
+    """One lease to extend in :meth:`BaseBackend.refresh_many`: the arguments of ``refresh``.
+
+    A named tuple: the heartbeat makes one per lease per tick.
+    """
 
     key: str  #: the caller's key, without the ``task-lock:`` prefix
     token: str
