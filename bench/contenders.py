@@ -105,14 +105,22 @@ def _qmark(query: str) -> str:
 
 
 def raw_redis(client: Any) -> Contender:
+    from redis.exceptions import NoScriptError
+
     sha = client.script_load(COMPARE_AND_DELETE)
     key = f"task-lock:{RUN}redis-raw"
     token = TOKEN_HOST + secrets.token_urlsafe(18)
     ttl_ms = int(TTL.total_seconds() * 1000)
 
     def op() -> None:
+        nonlocal sha
         check(client.set(key, token, nx=True, px=ttl_ms), "raw: SET NX failed")
-        check(client.evalsha(sha, 1, key, token) == 1, "raw: compare-and-delete failed")
+        try:
+            deleted = client.evalsha(sha, 1, key, token)
+        except NoScriptError:  # the server's script cache was flushed (as ours handles)
+            sha = client.script_load(COMPARE_AND_DELETE)
+            deleted = client.evalsha(sha, 1, key, token)
+        check(deleted == 1, "raw: compare-and-delete failed")
 
     return Contender("redis", "raw", "redis-py SET NX PX + EVALSHA", op)
 

@@ -42,8 +42,10 @@ _COMPACT_AFTER = 64
 # A lease due within this share of its refresh interval is refreshed with the
 # ones due now (see Heartbeat._next_due).
 _EARLY = 0.5
-# Seconds an idle thread sleeps before looking at the heap again by itself.
+# Seconds an idle thread sleeps before looking at the heap again by itself: the
+# shortest refresh interval seen, within these bounds.
 _IDLE_WAKE = 30.0
+_IDLE_WAKE_MIN = 1.0
 
 
 class Lease:
@@ -132,10 +134,14 @@ class Heartbeat:
         # When the thread next looks at the heap by itself (-inf: it is busy
         # and will look before sleeping): a new lease due later needs no wake-up.
         self._wake_at = math.inf
+        self._idle_wake = _IDLE_WAKE
 
     def add(self, lease: Lease) -> None:
+        interval = lease.options.refresh_interval.total_seconds()
         with self._cond:
             heapq.heappush(self._heap, (lease.next_due, next(self._seq), lease))
+            if interval < self._idle_wake:
+                self._idle_wake = max(_IDLE_WAKE_MIN, interval)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="django-tasklock-heartbeat", daemon=True
@@ -187,11 +193,11 @@ class Heartbeat:
                     if self._touched:
                         idle, self._touched = list(self._touched.values()), {}
                         return [], idle
-                    # Idle, but looking again now and then: a new lease due
-                    # after that needs no wake-up (a loop of short locks would
-                    # otherwise wake the thread for each).
-                    self._wake_at = time.monotonic() + _IDLE_WAKE
-                    self._cond.wait(_IDLE_WAKE)
+                    # Idle, but looking again every shortest interval seen: a
+                    # new lease is then due after that and needs no wake-up (a
+                    # loop of short locks would otherwise wake the thread for each).
+                    self._wake_at = time.monotonic() + self._idle_wake
+                    self._cond.wait(self._idle_wake)
                     continue
                 now = time.monotonic()
                 if self._heap[0][0] > now:
