@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import AppConfig
-from django.core.signals import request_finished, request_started, setting_changed
+from django.core.signals import setting_changed
 
 # What the chosen backend is built from (TASKLOCK_DEFAULTS is read per call).
 _PROVIDER_SETTINGS = {
@@ -31,9 +31,5 @@ class TaskLockConfig(AppConfig):
 
     def ready(self) -> None:
         from django_tasklock import checks  # noqa: F401 - registers the system checks
-        from django_tasklock.backends.db_connections import close_side_connections
 
         setting_changed.connect(_forget_backend, dispatch_uid="django_tasklock.reset")
-        # Side connections of the database backend live and die like Django's own.
-        for signal in (request_started, request_finished):
-            signal.connect(close_side_connections, dispatch_uid="django_tasklock.close")

@@ -13,6 +13,14 @@ whenever it has nothing to keep alive.
 A lease stops being refreshed when it is released, found lost, or reaches
 ``max_lifetime`` (then a warning is logged and the lease allowed to expire; the
 backend caps it on the storage side as well).
+
+A lease whose release waits for the caller's transaction (see
+``transactions``) stays here, still refreshed, and is looked at every
+``WATCH_INTERVAL`` seconds to notice a rollback, which nothing else announces.
+
+Local deadlines are read off :func:`clock`, which keeps counting while the
+machine is suspended (``CLOCK_BOOTTIME`` on Linux): after a resume, a lease
+whose ttl passed during the sleep is known to be lost, not "retried".
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import math
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from django_tasklock.backends.base import Refresh
 from django_tasklock.signals import lock_lost
@@ -46,6 +54,27 @@ _EARLY = 0.5
 # shortest refresh interval seen, within these bounds.
 _IDLE_WAKE = 30.0
 _IDLE_WAKE_MIN = 1.0
+#: Seconds between two looks at a lease waiting for its caller's transaction.
+WATCH_INTERVAL = 0.5
+
+if hasattr(time, "CLOCK_BOOTTIME"):
+
+    def clock() -> float:
+        """Seconds on a clock that also counts time spent suspended (Linux)."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+else:  # pragma: no cover - not Linux: monotonic is the best there is
+
+    def clock() -> float:
+        """Seconds on the monotonic clock."""
+        return time.monotonic()
+
+
+class PendingRelease(Protocol):
+    """A release waiting for the caller's transactions to end."""
+
+    def settle(self) -> bool:
+        """Release the lease if they have all ended; True once it is released."""
 
 
 class Lease:
@@ -61,7 +90,7 @@ class Lease:
         *,
         asked_at: float,
     ) -> None:
-        """``asked_at``: ``time.monotonic()`` just before the acquisition was sent.
+        """``asked_at``: :func:`clock` just before the acquisition was sent.
 
         The storage dated the lease after that instant, so every local time
         derived from it (the deadline, when the lease is surely valid until)
@@ -78,6 +107,8 @@ class Lease:
         #: Until when the lease is known to be live, by the last confirmation.
         self.valid_until = asked_at + min(options.ttl, options.max_lifetime).total_seconds()
         self.closed = False
+        #: Set while the release waits for the caller's transaction to end.
+        self.pending: PendingRelease | None = None
         self._lost = False
         self._lost_lock = threading.Lock()
 
@@ -101,18 +132,31 @@ class Lease:
         )
         self.announce(lock_lost)
 
+    def wake_at(self) -> float:
+        """When the heartbeat should next look at this lease."""
+        if self.pending is None:
+            return self.next_due
+        return min(self.next_due, clock() + WATCH_INTERVAL)
+
     def announce(self, signal: Signal) -> None:
         """Send ``signal`` about this lease; a failing receiver is logged, never raised.
 
         The lock must not depend on receivers: an exception here would skip a
         release, or end the heartbeat thread and with it every lease's refresh.
+        ``send_robust`` already logs each failure with its traceback (logger
+        ``django.dispatch``), so this adds one line naming the key, without
+        a second copy of the traceback.
         """
         for receiver, outcome in signal.send_robust(
             sender=type(self.backend), key=self.key, holder=self.holder
         ):
             if isinstance(outcome, Exception):
                 logger.error(
-                    "A receiver of a django-tasklock signal failed: %r", receiver, exc_info=outcome
+                    "A receiver of a django-tasklock signal about %r failed: %r raised %r "
+                    "(traceback on the django.dispatch logger).",
+                    self.key,
+                    receiver,
+                    outcome,
                 )
 
 
@@ -172,6 +216,18 @@ class Heartbeat:
                 if not self._heap and self._touched:
                     self._cond.notify()  # going idle: let the thread close its connections
 
+    def watch(self, lease: Lease, pending: PendingRelease) -> None:
+        """Keep ``lease`` alive until ``pending`` settles it, looking at it often."""
+        with self._cond:
+            lease.pending = pending
+            soon = lease.wake_at()
+            for index, (when, seq, queued) in enumerate(self._heap):
+                if queued is lease and when > soon:
+                    self._heap[index] = (soon, seq, queued)
+                    heapq.heapify(self._heap)
+                    self._cond.notify()
+                    break
+
     def _after_fork(self) -> None:
         # The child has no heartbeat thread, and the parent's leases are the
         # parent's to keep alive; the condition may have been held mid-fork.
@@ -196,10 +252,10 @@ class Heartbeat:
                     # Idle, but looking again every shortest interval seen: a
                     # new lease is then due after that and needs no wake-up (a
                     # loop of short locks would otherwise wake the thread for each).
-                    self._wake_at = time.monotonic() + self._idle_wake
+                    self._wake_at = clock() + self._idle_wake
                     self._cond.wait(self._idle_wake)
                     continue
-                now = time.monotonic()
+                now = clock()
                 if self._heap[0][0] > now:
                     self._wake_at = self._heap[0][0]
                     self._cond.wait(self._wake_at - now)
@@ -240,20 +296,35 @@ class Heartbeat:
                     )
                     for lease in leases:
                         interval = lease.options.refresh_interval.total_seconds()
-                        lease.next_due = max(lease.next_due, time.monotonic() + interval)
+                        lease.next_due = max(lease.next_due, clock() + interval)
                     again = leases
                 with self._cond:
                     for lease in again:
                         if not lease.closed:
-                            heapq.heappush(self._heap, (lease.next_due, next(self._seq), lease))
+                            heapq.heappush(self._heap, (lease.wake_at(), next(self._seq), lease))
 
     def _beat(self, leases: list[Lease]) -> list[Lease]:
         """Refresh ``leases`` (all of one backend) in one call; return those to refresh again."""
-        now = time.monotonic()
+        now = clock()
+        backend = leases[0].backend
+        with self._cond:
+            self._touched[id(backend)] = backend  # the thread may open connections now
         live: list[Lease] = []
+        looked: list[Lease] = []  # waiting for their caller's transaction, not due yet
         # Seconds of (refresh_interval, ttl) per options object: most leases share one.
         seconds: dict[int, tuple[float, float]] = {}
         for lease in leases:
+            if lease.pending is not None:
+                try:
+                    if lease.pending.settle():
+                        continue  # the caller's transaction ended: released
+                except BaseException:  # the thread must go on, and so must the others
+                    logger.exception("The django-tasklock heartbeat failed on %r.", lease.key)
+                    looked.append(lease)
+                    continue
+                if now < lease.next_due:
+                    looked.append(lease)  # only a look: no refresh due yet
+                    continue
             options = lease.options
             known = seconds.get(id(options))
             if known is None:
@@ -272,17 +343,14 @@ class Heartbeat:
             lease.next_due = min(now + known[0], lease.deadline)
             live.append(lease)
         if not live:
-            return []
-        backend = live[0].backend
-        with self._cond:
-            self._touched[id(backend)] = backend
+            return looked
         try:
             answers = backend.refresh_many(
                 [Refresh(x.key, x.token, x.options.ttl, x.options.max_lifetime) for x in live]
             )
         except Exception:
-            return self._failed(live)
-        again: list[Lease] = []
+            return looked + self._failed(live)
+        again: list[Lease] = looked
         for lease, still_ours in zip(live, answers, strict=True):
             if lease.closed:
                 continue
@@ -295,21 +363,22 @@ class Heartbeat:
 
     def _failed(self, leases: list[Lease]) -> list[Lease]:
         """After a failed refresh: leases past their known end are lost, the others retried."""
-        logger.warning(
-            "Refreshing task lock %r%s failed; retrying in %.1f s.",
-            leases[0].key,
-            f" and {len(leases) - 1} more" if len(leases) > 1 else "",
-            leases[0].options.refresh_interval.total_seconds(),
-            exc_info=True,
-        )
-        again: list[Lease] = []
-        for lease in leases:
-            if lease.closed:
-                continue
-            if time.monotonic() > lease.valid_until:
+        now = clock()
+        open_ = [lease for lease in leases if not lease.closed]
+        lost = [lease for lease in open_ if now > lease.valid_until]
+        again = [lease for lease in open_ if now <= lease.valid_until]
+        if lost:
+            logger.warning("Refreshing task lock %r failed.", lost[0].key, exc_info=True)
+            for lease in lost:
                 lease.report_lost("no refresh succeeded before the lease ran out")
-                continue
-            again.append(lease)
+        if again:
+            logger.warning(
+                "Refreshing task lock %r%s failed; retrying in %.1f s.",
+                again[0].key,
+                f" and {len(again) - 1} more" if len(again) > 1 else "",
+                again[0].options.refresh_interval.total_seconds(),
+                exc_info=True,
+            )
         return again
 
 

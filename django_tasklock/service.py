@@ -7,14 +7,13 @@ import logging
 import os
 import secrets
 import socket
-import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from django_tasklock import checks as _checks  # noqa: F401 - checks also without the app
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
-from django_tasklock.heartbeat import Lease, heartbeat
+from django_tasklock.heartbeat import Lease, clock, heartbeat
 from django_tasklock.options import (
     Duration,
     LockOptions,
@@ -22,6 +21,7 @@ from django_tasklock.options import (
     validate_key,
 )
 from django_tasklock.signals import lock_acquired, lock_released
+from django_tasklock.transactions import release_after_transactions
 
 logger = logging.getLogger("django_tasklock")
 
@@ -109,24 +109,39 @@ class TaskLockService:
         ``BaseException``, which then propagates unchanged). If the storage
         cannot be reached while acquiring, its error is raised: it is never
         reported as ``acquired=False``. A failed release is logged and leaves
-        the lease to expire; it never replaces ``fn``'s outcome.
+        the lease to expire; it never replaces ``fn``'s outcome. When ``fn`` ran
+        inside the caller's ``transaction.atomic()``, the lease is released when
+        that transaction commits or rolls back, so the next holder sees its work.
 
         Raises:
             TypeError, ValueError: bad arguments, naming the parameter; nothing is written.
         """
-        lease = self._acquire(key, fn, ttl, refresh_interval, max_lifetime, on_locked)
+        backend, options = self._prepare(key, fn, ttl, refresh_interval, max_lifetime, on_locked)
+        # The token first and the acquisition inside the try: interrupted
+        # (KeyboardInterrupt) before we know whether the lease was granted, we
+        # release by the token, which deletes nothing if it was not.
+        token = new_token()
+        lease: Lease | None = None
+        result: T | None = None
+        known = False
+        try:
+            lease = self._acquire(backend, key, token, options)
+            known = True
+            if lease is not None:
+                self._hold(lease)
+                result = fn()
+        finally:
+            if lease is not None:
+                self._release(lease)
+            elif not known:
+                _release_unknown(backend, key, token)
         if lease is None:
             if on_locked is not None:
                 on_locked()
             return LockResult(acquired=False)
-        try:
-            self._hold(lease)
-            result = fn()
-        finally:
-            self._release(lease)
         return LockResult(acquired=True, result=result, lost=lease.lost)
 
-    def _acquire(
+    def _prepare(
         self,
         key: str,
         fn: object,
@@ -134,16 +149,18 @@ class TaskLockService:
         refresh_interval: Duration | None,
         max_lifetime: Duration | None,
         on_locked: object,
-    ) -> Lease | None:
+    ) -> tuple[BaseBackend, LockOptions]:
         validate_key(key)
         validate_callable("fn", fn)
         validate_callable("on_locked", on_locked, optional=True)
         options = LockOptions.resolve(
             ttl=ttl, refresh_interval=refresh_interval, max_lifetime=max_lifetime
         )
-        backend = self.backend
-        token = new_token()
-        asked_at = time.monotonic()
+        return self.backend, options
+
+    @staticmethod
+    def _acquire(backend: BaseBackend, key: str, token: str, options: LockOptions) -> Lease | None:
+        asked_at = clock()
         if not backend.acquire(key, token, ttl=options.ttl, max_lifetime=options.max_lifetime):
             return None
         return Lease(backend, key, token, Holder.from_token(token), options, asked_at=asked_at)
@@ -156,7 +173,18 @@ class TaskLockService:
     def _release(self, lease: Lease) -> None:
         if lease.pid != os.getpid():
             return  # a forked child leaving the work: the lease is its parent's
-        heartbeat().remove(lease)
+        if release_after_transactions(lease, self._release_now):
+            return  # held until the caller's transaction ends
+        self._release_now(lease)
+
+    def _release_now(self, lease: Lease) -> None:
+        try:
+            heartbeat().remove(lease)
+        finally:  # even interrupted here, the lease is released
+            self._send_release(lease)
+
+    @staticmethod
+    def _send_release(lease: Lease) -> None:
         try:
             released = lease.backend.release(lease.key, lease.token)
         except Exception:
@@ -165,13 +193,21 @@ class TaskLockService:
                 lease.key,
                 exc_info=True,
             )
-            if time.monotonic() > lease.valid_until:
+            if clock() > lease.valid_until:
                 lease.report_lost("release, after the lease could have run out")
             return
         if released:
             lease.announce(lock_released)
         else:
             lease.report_lost("release")
+
+
+def _release_unknown(backend: BaseBackend, key: str, token: str) -> None:
+    """Release what an interrupted acquisition may have taken (nothing if it took nothing)."""
+    try:
+        backend.release(key, token)
+    except Exception:
+        logger.debug("Releasing %r after an interrupted acquisition failed.", key, exc_info=True)
 
 
 _default_service = TaskLockService()

@@ -18,7 +18,9 @@ from django_tasklock.testing import BackendRecipe, ContractBackend
 from tests import services
 
 #: Every database alias the suite runs against.
-DATABASE_ALIASES = ["default", *(["postgres"] if "postgres" in settings.DATABASES else [])]
+DATABASE_ALIASES = [
+    alias for alias in ("default", "postgres", "pgbouncer") if alias in settings.DATABASES
+]
 BACKENDS = ["sqlite", "postgres", "redis", "memory"]
 
 
@@ -152,6 +154,14 @@ def any_backend(request: pytest.FixtureRequest, key: str) -> Iterator[ContractBa
         yield from redis_backend(key)
     else:
         yield memory_backend()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _pgbouncer_lets_go(django_db_setup: None) -> Iterator[None]:
+    """Stop PgBouncer before the test databases are dropped: it holds connections to them."""
+    yield
+    if "pgbouncer" in services.stoppers:
+        services.stoppers["pgbouncer"]()
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import os
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -19,6 +20,8 @@ REDIS_ENV = "TASKLOCK_TEST_REDIS_URL"
 
 #: Why a service is missing, for skip messages.
 missing: dict[str, str] = {}
+#: How to stop the servers the test run started itself, by name.
+stoppers: dict[str, Callable[[], None]] = {}
 
 
 def _docker_available() -> bool:
@@ -69,4 +72,30 @@ def postgres_settings(url: str) -> dict[str, Any]:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "127.0.0.1",
         "PORT": str(parts.port or 5432),
+    }
+
+
+def pgbouncer_settings(postgres: dict[str, Any]) -> dict[str, Any] | None:
+    """A database alias through PgBouncer in transaction pooling, in front of ``postgres``.
+
+    PgBouncer is started here, for the whole run, on a free loopback port.
+    Django must not use server-side cursors behind transaction pooling.
+    """
+    from tests.servers import pgbouncer_binary, start_pgbouncer
+
+    if pgbouncer_binary() is None:
+        reason = "pgbouncer not available: apt-get install pgbouncer"
+        if IN_CI:
+            raise RuntimeError(f"CI=true and {reason}")
+        missing["pgbouncer"] = reason
+        return None
+    port, stop = start_pgbouncer(postgres["HOST"], int(postgres["PORT"]))
+    stoppers["pgbouncer"] = stop
+    atexit.register(stop)
+    return {
+        **postgres,
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+        "DISABLE_SERVER_SIDE_CURSORS": True,
+        "TEST": {"MIRROR": "postgres"},
     }

@@ -32,6 +32,10 @@ if POSTGRES_URL:
         "TEST": {"NAME": f"test_tasklock_{os.getpid()}"},
     }
 
+    PGBOUNCER = services.pgbouncer_settings(services.postgres_settings(POSTGRES_URL))
+    if PGBOUNCER is not None:
+        DATABASES["pgbouncer"] = PGBOUNCER
+
 REDIS_URL = services.service_url("redis", services.REDIS_ENV)
 CACHES: dict[str, Any] = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 if REDIS_URL:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -40,9 +41,17 @@ def test_unknown_database_alias_is_e006() -> None:
         assert ids(check_tasklock_settings()) == ["django_tasklock.E006"]
 
 
-def test_database_backend_without_the_app_is_e005() -> None:
-    with override_settings(INSTALLED_APPS=["django.contrib.contenttypes"]):
-        assert "django_tasklock.E005" in ids(check_tasklock_settings())
+def test_database_backend_without_the_app_raises_at_first_use_naming_installed_apps() -> None:
+    # No check reports this: without the app, nothing registers the checks.
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_tasklock import run_exclusive
+
+    with (
+        override_settings(INSTALLED_APPS=["django.contrib.contenttypes"]),
+        pytest.raises(ImproperlyConfigured, match="INSTALLED_APPS"),
+    ):
+        run_exclusive("no-app", lambda: None)
 
 
 @pytest.mark.parametrize(
@@ -72,3 +81,87 @@ def test_redis_url_needs_no_cache() -> None:
         TASKLOCK_REDIS_URL="redis://127.0.0.1:6379/15",
     ):
         assert check_tasklock_settings() == []
+
+
+def test_postgres_alias_on_sqlite_is_e008_and_refused_at_first_use() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_tasklock.backends import get_backend
+
+    with override_settings(TASKLOCK_BACKEND="postgres"):
+        messages = check_tasklock_settings()
+        with pytest.raises(ImproperlyConfigured, match="is sqlite, not PostgreSQL"):
+            get_backend()
+    assert ids(messages) == ["django_tasklock.E008"]
+    assert 'TASKLOCK_BACKEND = "database"' in str(messages[0].hint)
+
+
+def test_postgres_alias_on_postgresql_is_the_database_backend() -> None:
+    from django.conf import settings
+
+    from django_tasklock.backends import get_backend
+    from django_tasklock.backends.postgres import PostgresBackend
+    from tests.conftest import require_service
+
+    require_service("postgres")
+    assert "postgres" in settings.DATABASES
+    with override_settings(TASKLOCK_BACKEND="postgres", TASKLOCK_DATABASE="postgres"):
+        assert check_tasklock_settings() == []
+        backend = get_backend()
+    assert isinstance(backend, PostgresBackend)
+    assert backend.using == "postgres"
+
+
+@pytest.mark.parametrize("blocked", [("redis",), ("django_redis",)])
+def test_redis_backend_without_the_extra_is_e002(
+    monkeypatch: pytest.MonkeyPatch, blocked: tuple[str, ...]
+) -> None:
+    import sys
+
+    for name in blocked:
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
+    with override_settings(TASKLOCK_BACKEND="redis", TASKLOCK_REDIS_CACHE="absent"):
+        messages = check_tasklock_settings()
+    assert ids(messages) == ["django_tasklock.E002", "django_tasklock.E003"]
+    assert "pip install 'django-tasklock[redis]'" in str(messages[0].hint)
+
+
+def test_redis_url_without_redis_py_is_e002_and_refused_at_first_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_tasklock.backends.redis import RedisBackend
+
+    monkeypatch.setitem(sys.modules, "redis", None)
+    with override_settings(TASKLOCK_BACKEND="redis", TASKLOCK_REDIS_URL="redis://x:1/0"):
+        assert ids(check_tasklock_settings()) == ["django_tasklock.E002"]
+    with pytest.raises(ImproperlyConfigured, match=r"pip install 'django-tasklock\[redis\]'"):
+        RedisBackend(url="redis://x:1/0").peek("key")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_missing_table_says_to_migrate(tmp_path: Any) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+    from django.db import connections
+
+    from django_tasklock.backends.database import DatabaseBackend
+    from django_tasklock.backends.db_connections import add_thread_connection
+
+    unmigrated = {**connections["default"].settings_dict, "NAME": str(tmp_path / "new.sqlite3")}
+    add_thread_connection("unmigrated", unmigrated)
+    backend = DatabaseBackend(using="unmigrated")
+    try:
+        with pytest.raises(
+            ImproperlyConfigured,
+            match=r"run `python manage\.py migrate django_tasklock --database unmigrated`",
+        ):
+            backend.acquire(
+                "k", "host:1:secret", ttl=timedelta(seconds=5), max_lifetime=timedelta(seconds=5)
+            )
+        with pytest.raises(ImproperlyConfigured, match="cache_entries table"):
+            backend.list()
+    finally:
+        connections["unmigrated"].close()

@@ -112,7 +112,10 @@ def test_lock_inside_a_transaction_is_visible_at_once_and_survives_rollback(
         transaction.set_rollback(True, using=alias)
     assert (result.acquired, result.result, result.lost) == (True, "done", False)
     assert seen_by_others == [True, True]  # refused at once, not blocked until commit
-    assert backend.peek("in-tx") is None  # released, whatever the transaction did
+    deadline = time.monotonic() + 8
+    while backend.peek("in-tx") is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Released after the rollback (by the heartbeat), long before its ttl.
     assert not CacheEntry.objects.using(alias).filter(key="task-lock:in-tx").exists()
 
 
@@ -151,18 +154,62 @@ def test_sqlite_refuses_a_lock_inside_a_transaction_and_writes_nothing() -> None
     assert backend.peek("sqlite-tx") is None
 
 
-def test_side_connections_are_closed_at_request_boundaries(server_alias: str) -> None:
-    from django.core.signals import request_finished
+def _wait_for_lock_waiters(alias: str, count: int) -> None:
+    """Until ``count`` statements of the test database wait on a row lock."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with connections[alias].cursor() as cursor:
+            # Activity is a snapshot per transaction, and we are in one.
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'"
+            )
+            if cursor.fetchone()[0] >= count:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"{count} statements never waited on the row lock")
 
-    backend = DatabaseBackend(using=server_alias)
-    with transaction.atomic(using=server_alias):
-        token = new_token()
-        assert backend.acquire("side", token, ttl=LONG, max_lifetime=LIFE)
-        assert backend.release("side", token)
-    side = connections[server_alias + "__tasklock"]
-    assert side.connection is not None
-    request_finished.send(sender=None)  # CONN_MAX_AGE = 0: closed like Django's own
-    assert side.connection is None
+
+def test_takeover_never_deletes_a_row_its_holder_has_just_extended(
+    server_alias: str, key: str
+) -> None:
+    # A's refresh starts while the lease is live, B judges it expired, and B's
+    # DELETE runs after A's refresh committed: a third connection's row lock
+    # forces that order. B must not delete A's freshly extended row.
+    alias = server_alias
+    backend = DatabaseBackend(using=alias)
+    holder = new_token()
+    assert backend.acquire(key, holder, ttl=timedelta(seconds=1), max_lifetime=LIFE)
+    outcome: dict[str, bool] = {}
+
+    def run(name: str, work: Any) -> threading.Thread:
+        def target() -> None:
+            try:
+                outcome[name] = work()
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=target)
+        thread.start()
+        return thread
+
+    with transaction.atomic(using=alias):
+        CacheEntry.objects.using(alias).select_for_update().get(key=f"task-lock:{key}")
+        refresh = run(
+            "refreshed", lambda: backend.refresh(key, holder, ttl=LONG, max_lifetime=LIFE)
+        )
+        _wait_for_lock_waiters(alias, 1)  # A's UPDATE, dated while the lease is live
+        time.sleep(1.2)  # the lease expires by the server's clock
+        takeover = run(
+            "taken_over", lambda: backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
+        )
+        _wait_for_lock_waiters(alias, 2)  # B's DELETE, behind A's UPDATE
+    refresh.join(10)
+    takeover.join(10)
+    assert outcome == {"refreshed": True, "taken_over": False}
+    assert backend.peek(key) is not None
+    assert backend.release(key, holder)
 
 
 def test_key_changing_hands_between_insert_and_look_is_held_not_an_error(alias: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -127,6 +128,27 @@ def test_failing_signal_receivers_never_break_the_lock(caplog: pytest.LogCapture
     assert "receiver bug" in caplog.text
 
 
+def test_a_failing_receiver_is_logged_with_one_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from django_tasklock import lock_acquired
+
+    def broken(**kwargs: object) -> None:
+        raise RuntimeError("receiver bug")
+
+    lock_acquired.connect(broken)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            assert TaskLockService(MemoryBackend()).run_exclusive("logged", lambda: 1).acquired
+    finally:
+        lock_acquired.disconnect(broken)
+    failures = [r for r in caplog.records if "receiver bug" in r.getMessage() or r.exc_info]
+    assert sum(1 for r in failures if r.exc_info) == 1  # Django's, on django.dispatch
+    ours = [r for r in failures if r.name == "django_tasklock"]
+    assert len(ours) == 1
+    assert "'logged'" in ours[0].getMessage()
+
+
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_gets_a_heartbeat_of_its_own() -> None:
     # Celery's prefork pool forks workers from a parent that may hold leases.
@@ -201,7 +223,7 @@ def test_a_forked_child_never_releases_its_parents_lease() -> None:
 
     backend = RedisBackend(url=settings.REDIS_URL)
     service = TaskLockService(backend)
-    lease = service._acquire("forked", lambda: None, 30, None, None, None)
+    lease = service._acquire(backend, "forked", new_token(), LockOptions.resolve(ttl=30))
     assert lease is not None
     try:
         pid = os.fork()
@@ -232,3 +254,70 @@ def test_many_short_locks_do_not_pile_up_in_the_heartbeat() -> None:
     finally:
         done.set()
         holder.join()
+
+
+class _InterruptedAfterAcquiring(MemoryBackend):
+    """The storage grants the lease, then Ctrl-C arrives before the caller knows."""
+
+    def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
+        assert super().acquire(key, token, ttl=ttl, max_lifetime=max_lifetime)
+        raise KeyboardInterrupt
+
+
+def test_interrupt_right_after_the_lease_was_granted_releases_it() -> None:
+    backend = _InterruptedAfterAcquiring()
+    ran: list[bool] = []
+    with pytest.raises(KeyboardInterrupt):
+        TaskLockService(backend).run_exclusive("granted", lambda: ran.append(True))
+    assert ran == []
+    assert backend.peek("granted") is None
+
+
+def test_interrupt_between_leaving_the_heartbeat_and_the_release_releases() -> None:
+    from unittest import mock
+
+    from django_tasklock.heartbeat import Heartbeat
+
+    backend = MemoryBackend()
+    leave = Heartbeat.remove
+
+    def remove_then_interrupt(self: Heartbeat, lease: object) -> None:
+        leave(self, lease)  # type: ignore[arg-type]
+        raise KeyboardInterrupt
+
+    with (
+        mock.patch.object(Heartbeat, "remove", remove_then_interrupt),
+        pytest.raises(KeyboardInterrupt),
+    ):
+        TaskLockService(backend).run_exclusive("leaving", lambda: None)
+    assert backend.peek("leaving") is None
+
+
+def test_lease_whose_ttl_passed_during_a_suspend_is_lost_not_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # time.monotonic() stops while Linux is suspended; CLOCK_BOOTTIME does not.
+    # The clock is the one thing mocked: a suspend cannot be caused for real.
+    import time
+    from unittest import mock
+
+    from django_tasklock.testing import FaultyBackend
+
+    if not hasattr(time, "CLOCK_BOOTTIME"):
+        pytest.skip("no CLOCK_BOOTTIME here: monotonic is the lease clock")
+    real, slept = time.clock_gettime, [0.0]
+
+    def clock_gettime(clock_id: int) -> float:
+        return real(clock_id) + (slept[0] if clock_id == time.CLOCK_BOOTTIME else 0.0)
+
+    def work() -> None:
+        slept[0] = 60.0  # the machine slept for a minute, longer than the ttl
+        threading.Event().wait(0.6)
+
+    faulty = FaultyBackend(MemoryBackend(), refresh_failures=1000)
+    with mock.patch("time.clock_gettime", clock_gettime):
+        result = TaskLockService(faulty).run_exclusive(
+            "suspended", work, ttl=5, refresh_interval=0.2
+        )
+    assert result.lost
+    assert "retrying" not in caplog.text

@@ -34,9 +34,19 @@ def test_work_longer_than_a_refresh_is_not_lost_in_a_test_transaction(
         return backend.peek("in-test") is not None
 
     with caplog.at_level(logging.WARNING, logger="django_tasklock"):
-        result = service.run_exclusive("in-test", work, ttl=0.6, refresh_interval=0.1)
+        result = service.run_exclusive("in-test", work, ttl=2, refresh_interval=0.1)
     assert result.acquired
     assert result.result is True
     assert not result.lost
     assert caplog.text == ""
     assert backend.peek("in-test") is None
+
+
+def test_lease_is_released_at_once_in_the_test_transaction() -> None:
+    # The TestCase transaction never commits: waiting for it would hold the key for ever.
+    from django_tasklock.backends.memory import MemoryBackend
+
+    service = TaskLockService(MemoryBackend())
+    assert connections["default"].in_atomic_block
+    assert service.run_exclusive("in-test", lambda: None).acquired
+    assert service.peek("in-test") is None

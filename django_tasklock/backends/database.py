@@ -17,17 +17,17 @@ could delete a lease taken over in between.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import Error, IntegrityError, connections, transaction
+from django.db import DatabaseError, Error, IntegrityError, connections, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Least, Now
 
@@ -48,6 +48,8 @@ from django_tasklock.backends.db_connections import (
     in_test_transaction,
     is_key_conflict,
 )
+from django_tasklock.backends.forksafe import ForkSafeLock
+from django_tasklock.backends.retries import retry_on_new_connection, retry_when_busy
 from django_tasklock.conf import conf
 from django_tasklock.exceptions import TaskLockError
 
@@ -55,6 +57,38 @@ if TYPE_CHECKING:
     from django.db.models import QuerySet
 
     from django_tasklock.models import CacheEntry
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+# How each database says a table does not exist (SQLite, PostgreSQL, MySQL/MariaDB).
+_NO_TABLE = ("no such table", "does not exist", "doesn't exist")
+
+
+def _names_missing_table(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Turn "no such table: cache_entries" into an error that says to migrate.
+
+    Only the error path looks at the exception: the statements that succeed
+    cost nothing more.
+    """
+
+    @functools.wraps(method)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except DatabaseError as exc:
+            using = args[0].using  # type: ignore[attr-defined]  # the backend
+            text = str(exc).lower()
+            table = "cache_entries"  # CacheEntry's db_table
+            if table in text and any(words in text for words in _NO_TABLE):
+                option = "" if using == "default" else f" --database {using}"
+                raise ImproperlyConfigured(
+                    f"The {table} table of django-tasklock is missing from the database "
+                    f"{using!r}: run `python manage.py migrate django_tasklock{option}`."
+                ) from exc
+            raise
+
+    return wrapper
+
 
 # Attempts at the INSERT when the key keeps changing hands between our INSERT
 # and our look at the row (or an abandoned row is taken over).
@@ -65,8 +99,9 @@ class DatabaseBackend(BaseBackend):
     """Leases in the ``cache_entries`` table of the database alias ``using``.
 
     Inside the caller's transaction the lock's statements go through a second
-    connection to the same database, so that a lease is committed, and
-    visible to other workers, at once (see ``db_connections``). Under a
+    connection to the same database, opened for them and closed right after,
+    so that a lease is committed, and visible to other workers, at once (see
+    ``db_connections``). Under a
     Django ``TestCase`` the test's own transaction is used instead, and the
     heartbeat (whose thread cannot see that transaction) leaves such leases
     alone: keep work under a ``TestCase`` shorter than its ``ttl``.
@@ -75,7 +110,7 @@ class DatabaseBackend(BaseBackend):
     def __init__(self, using: str = "default") -> None:
         self.using = using
         self._test_leases: set[tuple[str, str]] = set()
-        self._test_leases_lock = threading.Lock()
+        self._test_leases_lock = ForkSafeLock()
         self._cached_model: type[CacheEntry] | None = None
         # Per alias, the release DELETEs (live rows, any row), compiled once.
         self._releases: dict[str, tuple[db_statements.Release, db_statements.Release]] = {}
@@ -87,15 +122,13 @@ class DatabaseBackend(BaseBackend):
 
     @classmethod
     def check(cls) -> list[Any]:
+        """E006: ``TASKLOCK_DATABASE`` is not a database alias.
+
+        A missing ``"django_tasklock"`` in ``INSTALLED_APPS`` cannot be reported
+        here (without the app nothing registers these checks): first use raises
+        ``ImproperlyConfigured`` naming ``INSTALLED_APPS`` instead.
+        """
         errors: list[Any] = []
-        if not apps.is_installed("django_tasklock"):
-            errors.append(
-                checks.Error(
-                    "The database backend of django-tasklock needs its cache_entries table.",
-                    hint='Add "django_tasklock" to INSTALLED_APPS and run manage.py migrate.',
-                    id="django_tasklock.E005",
-                )
-            )
         if conf.DATABASE not in settings.DATABASES:
             errors.append(
                 checks.Error(
@@ -108,8 +141,16 @@ class DatabaseBackend(BaseBackend):
 
     # -- the contract ------------------------------------------------------
 
+    @_names_missing_table
+    @retry_when_busy
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
-        model, alias, stored = self._model(), alias_for_writing(self.using), storage_key(key)
+        with alias_for_writing(self.using) as alias:
+            return self._acquire(alias, storage_key(key), token, ttl, max_lifetime)
+
+    def _acquire(
+        self, alias: str, stored: str, token: str, ttl: timedelta, max_lifetime: timedelta
+    ) -> bool:
+        model = self._model()
         for _ in range(_ACQUIRE_ATTEMPTS):
             try:
                 with _savepoint_if_in_transaction(alias):
@@ -138,7 +179,9 @@ class DatabaseBackend(BaseBackend):
                     return False
                 # Expired or abandoned: delete that holder's row (a token is
                 # never reused, so a new holder's row is safe) and insert again.
-                model.objects.using(alias).filter(key=stored, value=holder)._raw_delete(alias)
+                # The DELETE judges staleness again, by the server's clock: the
+                # holder's refresh may have extended the row since our look.
+                self._stale(alias).filter(key=stored, value=holder)._raw_delete(alias)
             else:
                 if in_test_transaction(connections[alias]):
                     with self._test_leases_lock:
@@ -147,26 +190,30 @@ class DatabaseBackend(BaseBackend):
         # The key changed hands at every attempt: it was held each time we asked.
         return False
 
+    @_names_missing_table
+    @retry_when_busy
     def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         stored = storage_key(key)
         if (stored, token) in self._test_leases:
             # Written in a TestCase's transaction, which the heartbeat's thread
             # cannot see; the test rolls it back anyway.
             return True
-        alias = alias_for_writing(self.using)
-        try:
-            updated = (
-                self._model()
-                .objects.using(alias)
-                .filter(key=stored, value=token, expires_at__gt=Now())
-                .update(expires_at=Least(Now() + ttl, F("created_at") + max_lifetime))
-            )
-        except Error:
-            # A killed or dropped connection: let the next attempt open a new one.
-            connections[alias].close_if_unusable_or_obsolete()
-            raise
+        with alias_for_writing(self.using) as alias:
+            try:
+                updated = (
+                    self._model()
+                    .objects.using(alias)
+                    .filter(key=stored, value=token, expires_at__gt=Now())
+                    .update(expires_at=Least(Now() + ttl, F("created_at") + max_lifetime))
+                )
+            except Error:
+                # A killed or dropped connection: let the next attempt open a new one.
+                connections[alias].close_if_unusable_or_obsolete()
+                raise
         return updated == 1
 
+    @_names_missing_table
+    @retry_when_busy
     def refresh_many(self, items: Sequence[Refresh]) -> list[bool]:
         """One UPDATE per chunk of 500 leases (per ttl and cap, except on PostgreSQL).
 
@@ -182,48 +229,61 @@ class DatabaseBackend(BaseBackend):
         ]
         ours: set[tuple[str, str]] = set()
         if rows:
-            model, alias = self._model(), alias_for_writing(self.using)
-            try:
-                ours = db_statements.refresh(model, alias, rows)
-            except Error:
-                # A killed or dropped connection: let the next attempt open a new one.
-                connections[alias].close_if_unusable_or_obsolete()
-                raise
+            model = self._model()
+            with alias_for_writing(self.using) as alias:
+                try:
+                    ours = db_statements.refresh(model, alias, rows)
+                except Error:
+                    # A killed or dropped connection: let the next attempt open a new one.
+                    connections[alias].close_if_unusable_or_obsolete()
+                    raise
         if in_test:
             with self._test_leases_lock:
                 ours |= self._test_leases
         return [(key, item.token) in ours for key, item in zip(stored, items, strict=True)]
 
+    @_names_missing_table
+    @retry_on_new_connection
+    @retry_when_busy
     def release(self, key: str, token: str) -> bool:
         stored = storage_key(key)
         if self._test_leases:
             with self._test_leases_lock:
                 self._test_leases.discard((stored, token))
-        alias = alias_for_writing(self.using)
-        live, any_row = self._release_statements(alias)
-        if live.run(alias, stored, token):
-            return True
-        # Not live: lost. Still clear our own expired row, if it is there.
-        any_row.run(alias, stored, token)
-        return False
+        with alias_for_writing(self.using) as alias:
+            live, any_row = self._release_statements(alias)
+            if live.run(alias, stored, token):
+                return True
+            # Not live: lost. Still clear our own expired row, if it is there.
+            any_row.run(alias, stored, token)
+            return False
 
+    @_names_missing_table
+    @retry_on_new_connection
+    @retry_when_busy
     def force_release(self, key: str) -> bool:
-        alias = alias_for_writing(self.using)
-        return bool(
-            self._model().objects.using(alias).filter(key=storage_key(key))._raw_delete(alias)
-        )
+        with alias_for_writing(self.using) as alias:
+            return bool(
+                self._model().objects.using(alias).filter(key=storage_key(key))._raw_delete(alias)
+            )
 
+    @_names_missing_table
     def peek(self, key: str) -> HeldLock | None:
-        found = self._live().filter(key=storage_key(key)).first()
+        with self._reading() as alias:
+            found = self._live(alias).filter(key=storage_key(key)).first()
         return _held(found) if found is not None else None
 
+    @_names_missing_table
     def list(self) -> list[HeldLock]:
-        return [_held(row) for row in self._live().order_by("key")]
+        with self._reading() as alias:
+            return [_held(row) for row in self._live(alias).order_by("key")]
 
+    @_names_missing_table
+    @retry_when_busy
     def clear_stale(self, *, dry_run: bool = False) -> int:
-        alias = alias_for_writing(self.using)
-        stale = self._stale(alias)
-        return stale.count() if dry_run else stale._raw_delete(alias)
+        with alias_for_writing(self.using) as alias:
+            stale = self._stale(alias)
+            return stale.count() if dry_run else stale._raw_delete(alias)
 
     def close(self) -> None:
         close_connections(self.using)
@@ -266,21 +326,25 @@ class DatabaseBackend(BaseBackend):
         self._cached_model = CacheEntry
         return CacheEntry
 
-    def _live(self) -> QuerySet[CacheEntry]:
+    def _live(self, alias: str) -> QuerySet[CacheEntry]:
         return (
             self._model()
-            .objects.using(self._read_alias())
+            .objects.using(alias)
             .filter(key__startswith=KEY_PREFIX, expires_at__gt=Now())
             .filter(created_at__gt=Now() - STALE_AFTER)
             .annotate(server_now=Now())
         )
 
-    def _read_alias(self) -> str:
+    @contextmanager
+    def _reading(self) -> Iterator[str]:
         """Where to read: as for writing, but SQLite reads in the caller's transaction."""
+        side = ExitStack()
         try:
-            return alias_for_writing(self.using)
+            alias = side.enter_context(alias_for_writing(self.using))
         except TaskLockError:
-            return self.using
+            alias = self.using
+        with side:
+            yield alias
 
     def _stale(self, alias: str) -> QuerySet[CacheEntry]:
         """Rows free to take over: expired, or acquired more than 24 h ago."""

@@ -3,8 +3,11 @@
 A lease must be committed the moment it is taken: another worker has to see it
 at once, and the caller's transaction must not be able to roll it back. So
 when the calling thread is inside a transaction on the lock's database, the
-statements go through a second connection of that thread to the same
-database (the "side" connection). Two cases differ:
+statements go through a second connection to the same database (the "side"
+connection), opened for those statements only and closed (or handed back to
+Django's pool) right after: no connection of the lock outlives the statement
+it was opened for, whatever ``CONN_MAX_AGE`` says, so nothing is left for
+``close_old_connections()`` to miss. Two cases differ:
 
 * a Django ``TestCase`` transaction: the test's own connection is used, so
   that tests stay isolated and everything is rolled back;
@@ -14,16 +17,21 @@ database (the "side" connection). Two cases differ:
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import Error, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import load_backend
 from django.utils.connection import ConnectionDoesNotExist
 
 from django_tasklock.exceptions import TaskLockError
+
+logger = logging.getLogger("django_tasklock")
 
 SIDE_SUFFIX = "__tasklock"
 
@@ -51,17 +59,26 @@ def in_test_transaction(connection: BaseDatabaseWrapper) -> bool:
     )
 
 
-def alias_for_writing(using: str) -> str:
-    """``using``, or the alias of this thread's side connection when ``using`` is in a transaction.
+@contextmanager
+def alias_for_writing(using: str) -> Iterator[str]:
+    """``using``, or, when ``using`` is in a transaction, a side connection open for the block.
+
+    The side connection is a wrapper of the same database under the same
+    alias, registered for this thread as ``using + "__tasklock"``: with
+    Django's connection pool (PostgreSQL ``OPTIONS["pool"]``) it borrows from
+    ``using``'s pool rather than making a second one. Nested blocks of one
+    thread share it; the outermost closes it.
 
     Raises ``TaskLockError`` on SQLite inside a (non-test) transaction.
     """
     connection = connection_for(using)
     if connection.in_atomic_block:
         if in_test_transaction(connection):
-            return using
+            yield using
+            return
     elif connection.connection is None or connection.get_autocommit():
-        return using
+        yield using
+        return
     if connection.vendor == "sqlite":
         raise TaskLockError(
             f"Cannot take a task lock inside a transaction on the SQLite database {using!r}: "
@@ -71,41 +88,45 @@ def alias_for_writing(using: str) -> str:
             "another database, or TASKLOCK_BACKEND = 'redis')."
         )
     side = using + SIDE_SUFFIX
-    side_connection = _thread_connection(side)
-    if side_connection is None:
-        side_connection = add_thread_connection(side, connection.settings_dict)
-    # Honour CONN_MAX_AGE and drop a broken connection, as Django does per request.
-    side_connection.close_if_unusable_or_obsolete()
-    return side
+    if _thread_connection(side) is not None:
+        yield side
+        return
+    add_thread_connection(side, connection.settings_dict, alias=using)
+    try:
+        yield side
+    finally:
+        try:
+            connections[side].close()
+        except Error:
+            # Already broken: dropping the wrapper drops the connection. The
+            # statements' outcome, not the farewell, is what the caller needs.
+            logger.debug("Closing the side connection to %r failed.", using, exc_info=True)
+        finally:
+            del connections[side]
 
 
-def add_thread_connection(alias: str, settings_dict: dict[str, Any]) -> BaseDatabaseWrapper:
-    """A connection known as ``alias`` to this thread only, made from ``settings_dict``.
+def add_thread_connection(
+    name: str, settings_dict: dict[str, Any], *, alias: str | None = None
+) -> BaseDatabaseWrapper:
+    """A connection known as ``name`` to this thread only, made from ``settings_dict``.
 
+    ``alias``, the wrapper's own idea of its name (``name`` by default),
+    decides which of Django's connection pools it draws from.
     Deliberately not added to ``DATABASES``: Django's test runners then
     neither create, flush nor guard it ("dynamically created connections").
     """
     wrapper: BaseDatabaseWrapper = load_backend(settings_dict["ENGINE"]).DatabaseWrapper(
-        settings_dict, alias
+        settings_dict, alias or name
     )
-    connections[alias] = wrapper
+    connections[name] = wrapper
     return wrapper
 
 
 def close_connections(using: str) -> None:
-    """Close this thread's connections to ``using`` made by the lock (and ``using``'s own)."""
-    for alias in (using, using + SIDE_SUFFIX):
-        connection = _thread_connection(alias)
-        if connection is not None:
-            connection.close()
-
-
-def close_side_connections(**kwargs: Any) -> None:
-    """``request_started``/``request_finished`` receiver: what Django does for its own."""
-    for alias in list(settings.DATABASES):
-        side = _thread_connection(alias + SIDE_SUFFIX)
-        if side is not None:
-            side.close_if_unusable_or_obsolete()
+    """Close this thread's connection to ``using``, if it has one."""
+    connection = _thread_connection(using)
+    if connection is not None:
+        connection.close()
 
 
 def _thread_connection(alias: str) -> BaseDatabaseWrapper | None:

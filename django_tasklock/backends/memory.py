@@ -6,7 +6,6 @@ Nothing is shared between processes: two workers each get their own locks.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -18,6 +17,7 @@ from django_tasklock.backends.base import (
     HeldLock,
     Holder,
 )
+from django_tasklock.backends.forksafe import ForkSafeLock
 
 
 @dataclasses.dataclass
@@ -42,7 +42,7 @@ class MemoryBackend(BaseBackend):
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._leases: dict[str, _Lease] = {}
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
 
     def _live(self, key: str, now: float) -> _Lease | None:
         lease = self._leases.get(key)

@@ -16,20 +16,16 @@ expires: we never steal what we cannot date.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import math
-import threading
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import redis
 from django.conf import settings
 from django.core import checks
 from django.core.cache import InvalidCacheBackendError
 from django.core.exceptions import ImproperlyConfigured
-from redis.commands.core import Script
-from redis.exceptions import NoScriptError
 
 from django_tasklock.backends.base import (
     KEY_PREFIX,
@@ -41,6 +37,17 @@ from django_tasklock.backends.base import (
     caller_key,
     storage_key,
 )
+from django_tasklock.backends.forksafe import ForkSafeLock
+
+if TYPE_CHECKING:
+    # redis-py is imported when a connection is made, never at import: without
+    # the [redis] extra this module still imports, so that ``manage.py check``
+    # can say what is missing (E002) instead of "could not be imported".
+    import redis
+    from redis.commands.core import Script
+
+#: How to get redis-py and django-redis, for messages: quoted for zsh.
+INSTALL_HINT = "pip install 'django-tasklock[redis]' (from a checkout: pip install '.[redis]')"
 
 _PRELUDE = """
 -- Lets Redis < 5 replicate writes made after the non-deterministic TIME.
@@ -140,6 +147,14 @@ def _ms(duration: timedelta) -> int:
     return max(1, math.ceil(duration / timedelta(milliseconds=1)))
 
 
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
@@ -165,7 +180,7 @@ class RedisBackend(BaseBackend):
         self._url = url
         self._cache_alias = cache_alias
         self._scripts: dict[str, Script] = {}
-        self._init_lock = threading.Lock()
+        self._init_lock = ForkSafeLock()
 
     @classmethod
     def from_settings(cls) -> RedisBackend:
@@ -178,20 +193,26 @@ class RedisBackend(BaseBackend):
 
     @classmethod
     def check(cls) -> list[Any]:
-        """E002-E004: the django-redis cache is missing or unusable (unless a URL is set)."""
+        """E002: redis-py (or, without a URL, django-redis) is missing; E003-E004: the cache."""
         from django_tasklock.conf import conf
 
-        if conf.REDIS_URL:
-            return []
-        errors, alias = [], conf.REDIS_CACHE
-        if importlib.util.find_spec("django_redis") is None:
+        needed = {"redis": "redis-py"}
+        if not conf.REDIS_URL:
+            needed["django_redis"] = "django-redis"
+        missing = [package for module, package in needed.items() if not _importable(module)]
+        errors: list[Any] = []
+        if missing:
             errors.append(
                 checks.Error(
-                    "The Redis lock backend needs django-redis, which is not installed.",
-                    hint="pip install django-tasklock[redis], or set TASKLOCK_REDIS_URL.",
+                    f"The Redis lock backend needs {' and '.join(missing)}, which cannot be "
+                    "imported: the [redis] extra is not installed.",
+                    hint=f"Install the [redis] extra: {INSTALL_HINT}.",
                     id="django_tasklock.E002",
                 )
             )
+        if conf.REDIS_URL:
+            return errors
+        alias = conf.REDIS_CACHE
         cache = settings.CACHES.get(alias)
         if cache is None:
             errors.append(
@@ -228,6 +249,12 @@ class RedisBackend(BaseBackend):
         return self._client
 
     def _connect(self) -> redis.Redis:
+        try:
+            import redis
+        except ImportError as exc:
+            raise ImproperlyConfigured(
+                f"The Redis lock backend needs redis-py: {INSTALL_HINT}."
+            ) from exc
         if self._url is not None:
             # A Redis that stops answering must not stall the heartbeat for
             # ever; options in the URL's query string win over these.
@@ -238,7 +265,7 @@ class RedisBackend(BaseBackend):
             from django_redis import get_redis_connection
         except ImportError as exc:
             raise ImproperlyConfigured(
-                "TASKLOCK_REDIS_CACHE needs django-redis: pip install django-tasklock[redis] "
+                f"TASKLOCK_REDIS_CACHE needs django-redis: {INSTALL_HINT} "
                 "(or set TASKLOCK_REDIS_URL)."
             ) from exc
         try:
@@ -255,6 +282,8 @@ class RedisBackend(BaseBackend):
         script = self._scripts[name]
         if client is not None:  # a pipeline, which loads missing scripts before sending
             return script(keys=[key], args=args, client=client)
+        from redis.exceptions import NoScriptError  # loaded by _conn: a dict lookup
+
         # EVALSHA sent directly: what Script.__call__ sends, minus its per-call work.
         try:
             return connection.evalsha(script.sha, 1, key, *args)
@@ -316,6 +345,8 @@ class RedisBackend(BaseBackend):
     def _pipelined(self, name: str, batch: list[Any], args: tuple[Any, ...]) -> list[Any]:
         # A pipeline loads missing scripts before sending, but a script cache
         # flushed (a restart, a failover) in between fails it once: retry once.
+        from redis.exceptions import NoScriptError
+
         for attempt in (1, 2):
             pipe = self._conn().pipeline(transaction=False)
             for stored in batch:

@@ -1,9 +1,9 @@
 """Test helpers for projects and third-party backends.
 
-``BackendContract`` is the contract suite (SPEC §3) as a pytest class to
-subclass; ``ContractBackend`` describes the backend under test;
-``BackendRecipe`` rebuilds it in another process. Importing this module
-needs pytest.
+``BackendContract`` is the contract suite (the README's "What you can rely
+on") as a pytest class to subclass; ``ContractBackend`` describes the
+backend under test; ``BackendRecipe`` rebuilds it in another process.
+Importing this module needs pytest.
 """
 
 from __future__ import annotations

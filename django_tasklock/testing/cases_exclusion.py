@@ -1,4 +1,4 @@
-"""Contract cases: mutual exclusion and the token (SPEC §3, items 1 and 2)."""
+"""Contract cases: mutual exclusion and the token (README, "What you can rely on", items 1-2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Contract cases: lost locks and storage errors (SPEC §3, items 7 and 8)."""
+"""Contract cases: lost locks and storage errors (README, "What you can rely on", items 7-8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Contract cases: heartbeat, hard deadline, reclaim and release (SPEC §3, items 3 to 6)."""
+"""Contract cases: heartbeat, hard deadline, reclaim and release.
+
+The README, "What you can rely on", items 3 to 6.
+"""
 
 from __future__ import annotations
 

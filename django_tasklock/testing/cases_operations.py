@@ -1,4 +1,7 @@
-"""Contract cases: namespacing, peek/list/clear_stale, bad input (SPEC §3 item 10, §7)."""
+"""Contract cases: namespacing, peek/list/clear_stale, bad input.
+
+The README, "What you can rely on", item 10 and the paragraph on bad input.
+"""
 
 from __future__ import annotations
 

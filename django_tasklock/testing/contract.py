@@ -1,4 +1,6 @@
-"""The contract every backend honours (SPEC §3), as a pytest suite.
+"""The contract every backend honours, as a pytest suite.
+
+It tests what the README promises under "What you can rely on", items 1 to 10.
 
 Subclass :class:`BackendContract` and give it a ``contract_backend`` fixture
 returning a :class:`ContractBackend` for your backend::
@@ -33,7 +35,7 @@ __all__ = ["BackendContract", "ContractBackend"]
 
 
 class BackendContract(ExclusionCases, LeaseCases, FailureCases, OperationCases):
-    """SPEC §3 semantics, 1 to 10, against ``contract_backend``."""
+    """The README's "What you can rely on", items 1 to 10, against ``contract_backend``."""
 
     @pytest.fixture
     def contract_backend(self) -> ContractBackend:  # pragma: no cover - subclasses give it

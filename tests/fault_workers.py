@@ -1,0 +1,61 @@
+"""Lock holders run in other processes by the fault tests (started with ``spawn``).
+
+Each builds its backend from a :class:`BackendRecipe`, reports through a pipe,
+and lets the parent break the storage in between.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from django_tasklock.testing import BackendRecipe
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+def migrate(recipe: BackendRecipe) -> None:
+    recipe.build()
+    from django.core.management import call_command
+
+    call_command("migrate", "django_tasklock", verbosity=0)
+
+
+def hold_through(
+    recipe: BackendRecipe, key: str, ttl: float, interval: float, conn: Connection
+) -> None:
+    """Hold ``key`` until the parent says "done"; report the outcome and the log.
+
+    The parent breaks and mends the storage while we hold the lock, then reads
+    ``{"acquired", "result", "lost", "log"}`` back.
+    """
+    from django_tasklock.service import TaskLockService
+
+    service = TaskLockService(recipe.build())
+    logs = _Collect()
+    logging.getLogger("django_tasklock").addHandler(logs)
+
+    def work() -> str:
+        conn.send("holding")
+        while conn.recv() != "done":
+            pass
+        return "the work's result"
+
+    outcome: dict[str, Any] = {}
+    try:
+        result = service.run_exclusive(key, work, ttl=ttl, refresh_interval=interval)
+        outcome = {"acquired": result.acquired, "result": result.result, "lost": result.lost}
+    except Exception as exc:
+        outcome = {"error": f"{type(exc).__name__}: {exc}"}
+    outcome["log"] = logs.lines
+    conn.send(outcome)
+    time.sleep(0.2)

@@ -1,0 +1,212 @@
+"""Every system check the README lists, triggered as a user would: ``manage.py check``.
+
+Each test writes a small settings module to ``tmp_path`` and runs Django in a
+fresh process, so that nothing the test process already imported (redis-py,
+the app's checks) hides what a new project sees. Missing packages are
+simulated with an import blocker installed before Django starts.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from tests import services
+from tests.conftest import require_service
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_BASE_SETTINGS = """
+SECRET_KEY = "check-tests"
+USE_TZ = True
+DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_tasklock"]
+DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": {db!r}}}}}
+"""
+
+# Makes ``import <name>`` fail as if the package were not installed.
+_BLOCKER = """
+import sys
+
+class _Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+sys.meta_path.insert(0, _Blocker())
+"""
+
+_MANAGE = """
+from django.core.management import execute_from_command_line
+execute_from_command_line(["manage.py", *sys.argv[1:]])
+"""
+
+
+def run_django(
+    tmp_path: Path,
+    extra_settings: str = "",
+    *args: str,
+    code: str = _MANAGE,
+    blocked: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` (by default ``manage.py <args>``) under a fresh settings module."""
+    (tmp_path / "check_settings.py").write_text(
+        _BASE_SETTINGS.format(db=str(tmp_path / "db.sqlite3")) + textwrap.dedent(extra_settings)
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKLOCK_")}
+    env["DJANGO_SETTINGS_MODULE"] = "check_settings"
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    script = _BLOCKER.format(blocked=set(blocked)) + code
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+
+
+def check(tmp_path: Path, extra_settings: str, blocked: tuple[str, ...] = ()) -> str:
+    """``manage.py check``'s output; it must fail."""
+    done = run_django(tmp_path, extra_settings, "check", blocked=blocked)
+    assert done.returncode != 0, done.stdout + done.stderr
+    return done.stderr
+
+
+REDIS_URL = 'TASKLOCK_BACKEND = "redis"\nTASKLOCK_REDIS_URL = "redis://x:1/0"'
+QUOTED_INSTALL = "pip install 'django-tasklock[redis]'"
+
+
+@pytest.mark.parametrize(
+    ("extra_settings", "blocked", "error_ids", "hint"),
+    [
+        ('TASKLOCK_BACKEND = "nosuch"', (), {"E001"}, "Set TASKLOCK_BACKEND"),
+        (REDIS_URL, ("redis",), {"E002"}, QUOTED_INSTALL),
+        # (With a django-redis cache in CACHES, Django's own cache check fails
+        # first when django-redis is missing: no CACHES entry here.)
+        (
+            'TASKLOCK_BACKEND = "redis"',
+            ("redis", "django_redis"),
+            {"E002", "E004"},
+            QUOTED_INSTALL,
+        ),
+        ('TASKLOCK_BACKEND = "redis"', ("django_redis",), {"E002", "E004"}, QUOTED_INSTALL),
+        (
+            'TASKLOCK_BACKEND = "redis"\nTASKLOCK_REDIS_CACHE = "absent"',
+            (),
+            {"E003"},
+            "Add a django-redis cache",
+        ),
+        ('TASKLOCK_BACKEND = "redis"', (), {"E004"}, "django_redis.cache.RedisCache"),
+        ('TASKLOCK_DATABASE = "nope"', (), {"E006"}, "Use one of: default"),
+        ('TASKLOCK_DEFAULTS = {"ttl": -1}', (), {"E007"}, "TASKLOCK_DEFAULTS takes"),
+        ('TASKLOCK_BACKEND = "postgres"', (), {"E008"}, 'TASKLOCK_BACKEND = "database"'),
+    ],
+    ids=[
+        "E001",
+        "E002-url",
+        "E002-cache",
+        "E002-django-redis",
+        "E003",
+        "E004",
+        "E006",
+        "E007",
+        "E008",
+    ],
+)
+def test_manage_py_check_reports(
+    tmp_path: Path, extra_settings: str, blocked: tuple[str, ...], error_ids: set[str], hint: str
+) -> None:
+    output = check(tmp_path, extra_settings, blocked)
+    reported = {
+        line.split("django_tasklock.")[1][:4]
+        for line in output.splitlines()
+        if "django_tasklock.E" in line
+    }
+    assert reported == error_ids, output
+    assert "HINT" in output
+    assert hint in output
+
+
+def test_redis_without_the_extra_is_e002_not_e001(tmp_path: Path) -> None:
+    # The mistake a new user makes: TASKLOCK_BACKEND = "redis" without [redis]
+    # (the example project's settings: a URL, no cache).
+    output = check(tmp_path, REDIS_URL, blocked=("redis", "django_redis"))
+    assert "django_tasklock.E002" in output
+    assert "django_tasklock.E001" not in output
+    assert "could not be imported" not in output
+
+
+def test_a_configured_project_checks_clean(tmp_path: Path) -> None:
+    done = run_django(tmp_path, "", "check")
+    assert done.returncode == 0, done.stderr
+    assert "django_tasklock" not in done.stderr
+
+
+_FIRST_USE = """
+import django
+from django.core.exceptions import ImproperlyConfigured
+django.setup()
+from django_tasklock import run_exclusive
+try:
+    run_exclusive("first-use", lambda: None)
+except ImproperlyConfigured as exc:
+    print("ImproperlyConfigured:", exc)
+else:
+    print("no error")
+"""
+
+
+def test_database_backend_without_the_app_says_installed_apps_at_first_use(
+    tmp_path: Path,
+) -> None:
+    # No check can report this (without the app, nothing registers them).
+    without_app = 'INSTALLED_APPS = ["django.contrib.contenttypes"]'
+    assert run_django(tmp_path, without_app, "check").returncode == 0
+    done = run_django(tmp_path, without_app, code=_FIRST_USE)
+    assert "ImproperlyConfigured:" in done.stdout, done.stderr
+    assert '"django_tasklock" in INSTALLED_APPS' in done.stdout
+
+
+def test_postgres_alias_on_sqlite_refuses_at_first_use(tmp_path: Path) -> None:
+    done = run_django(tmp_path, 'TASKLOCK_BACKEND = "postgres"', code=_FIRST_USE)
+    assert "ImproperlyConfigured:" in done.stdout, done.stderr
+    assert "is sqlite, not PostgreSQL" in done.stdout
+
+
+def test_postgres_alias_on_postgresql_checks_clean(tmp_path: Path) -> None:
+    require_service("postgres")
+    pg = services.postgres_settings(str(settings.POSTGRES_URL))
+    done = run_django(
+        tmp_path, f'TASKLOCK_BACKEND = "postgres"\nDATABASES = {{"default": {pg!r}}}', "check"
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_missing_migration_on_sqlite_says_to_migrate(tmp_path: Path) -> None:
+    done = run_django(tmp_path, "", code=_FIRST_USE)  # a fresh database, never migrated
+    assert "ImproperlyConfigured:" in done.stdout, done.stderr
+    assert "run `python manage.py migrate django_tasklock`" in done.stdout
+
+
+def test_missing_migration_on_postgresql_says_to_migrate(tmp_path: Path) -> None:
+    require_service("postgres")
+    pg = services.postgres_settings(str(settings.POSTGRES_URL))
+    # A schema that does not exist: no cache_entries table is visible.
+    pg["OPTIONS"] = {**pg.get("OPTIONS", {}), "options": "-c search_path=tasklock_nowhere"}
+    done = run_django(
+        tmp_path,
+        f'DATABASES = {{"default": {pg!r}, "locks": {pg!r}}}\nTASKLOCK_DATABASE = "locks"',
+        code=_FIRST_USE,
+    )
+    assert "ImproperlyConfigured:" in done.stdout, done.stderr
+    assert "run `python manage.py migrate django_tasklock --database locks`" in done.stdout
