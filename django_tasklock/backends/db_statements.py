@@ -36,6 +36,7 @@ REFRESH_CHUNK = 500
 #: that one stalled statement cannot hold up the other leases' refreshes.
 REFRESH_TIMEOUT = timedelta(seconds=5)
 
+_TIMEOUT_MS = int(REFRESH_TIMEOUT.total_seconds() * 1000)
 _KEY, _TOKEN = "\x00tasklock-key\x00", "\x00tasklock-token\x00"
 
 # Raw connections already given the refresh timeout (a new one after a reconnect is not).
@@ -66,15 +67,27 @@ class Release:
             return int(cursor.rowcount)
 
 
-def bound_refreshes(connection: BaseDatabaseWrapper) -> None:
-    """Give ``connection`` the refresh timeout, once per server connection.
+def _client_side_binding(connection: BaseDatabaseWrapper) -> bool:
+    """Whether statements go as one simple query with the values inlined (Django's default)."""
+    return not connection.settings_dict.get("OPTIONS", {}).get("server_side_binding")
 
-    Sent on the heartbeat's own connection only (the caller of ``refresh_many``):
-    a session setting, so it costs one statement per connection, not per tick.
-    SQLite waits for its lock at most its ``timeout`` option (5 s by default).
+
+def bound_refreshes(connection: BaseDatabaseWrapper) -> None:
+    """Give ``connection`` the refresh timeout where the statement cannot carry it itself.
+
+    PostgreSQL with Django's default client-side binding needs nothing here:
+    each refresh is sent as ``SET LOCAL statement_timeout …; UPDATE …`` in one
+    query, which the server runs as one implicit transaction, so the timeout
+    ends with it (safe behind PgBouncer in transaction pooling). With
+    ``server_side_binding`` (already unsafe behind such a pooler) and on
+    MariaDB it is a session setting, sent once per server connection on the
+    heartbeat's own connection. SQLite waits for its lock at most its
+    ``timeout`` option (5 s by default).
     """
     if connection.vendor == "postgresql":
-        statement = f"SET statement_timeout = {int(REFRESH_TIMEOUT.total_seconds() * 1000)}"
+        if _client_side_binding(connection):
+            return
+        statement = f"SET statement_timeout = {_TIMEOUT_MS}"
     elif connection.vendor == "mysql" and getattr(connection, "mysql_is_mariadb", False):
         statement = f"SET SESSION max_statement_time = {REFRESH_TIMEOUT.total_seconds()}"
     else:
@@ -148,8 +161,13 @@ def refresh_postgres(
             for key, token, ttl, cap in rows
         ]
     )
+    inline = _client_side_binding(connection)
+    if inline:  # one query, one implicit transaction: the timeout ends with it
+        statement = f"SET LOCAL statement_timeout = {_TIMEOUT_MS}; {statement}"
     with connection.cursor() as cursor:
         cursor.execute(statement, [payload])
+        if inline:
+            cursor.nextset()  # past the SET's empty result
         return {(key, value) for key, value in cursor.fetchall()}
 
 
