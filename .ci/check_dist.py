@@ -1,7 +1,7 @@
 """Check the built distributions in dist/: what a user installs must be complete.
 
 The wheel must carry py.typed, every migration, every template under
-django_tasklock/templates (none yet; the admin page will add some) and the
+django_tasklock/templates (the admin page's) and the
 LICENSE; the sdist must carry the LICENSE and README. Run by .ci/run after
 ``python -m build``.
 """

@@ -13,7 +13,7 @@ from django_tasklock.conf import conf
 @checks.register()
 def check_tasklock_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     from django_tasklock.backends import BUILTIN_BACKENDS, backend_class
-    from django_tasklock.options import LockOptions
+    from django_tasklock.options import project_defaults
 
     errors: list[checks.CheckMessage] = []
     try:
@@ -33,15 +33,15 @@ def check_tasklock_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
     else:
         errors.extend(cls.check())
     try:
-        LockOptions.resolve()
-        # The defaults must also hold together, as if a caller passed them all.
-        LockOptions.resolve(**conf.DEFAULTS, defaults={})
-    except (TypeError, ValueError) as exc:
+        # The same validation as at run time, so check and run time agree.
+        project_defaults()
+    except ImproperlyConfigured as exc:
         errors.append(
             checks.Error(
                 f"TASKLOCK_DEFAULTS is invalid: {exc}",
                 hint="TASKLOCK_DEFAULTS takes ttl, refresh_interval and max_lifetime as "
-                "seconds or timedeltas, with refresh_interval < ttl and max_lifetime <= 24 h.",
+                "seconds or timedeltas from 1 ms to 24 h, with refresh_interval < ttl "
+                "(the built-in ttl, 15 minutes, when it names none).",
                 id="django_tasklock.E007",
             )
         )

@@ -1,17 +1,24 @@
 """Validating what callers pass, before anything is written.
 
 Every error is a ``TypeError`` or ``ValueError`` whose message names the
-parameter, so a mistake is found at the call that made it.
+parameter, so a mistake is found at the call that made it. Invalid
+``TASKLOCK_DEFAULTS`` is ``ImproperlyConfigured`` naming the setting, by the
+same rules at ``manage.py check`` and at run time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
+import reprlib
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
 from django_tasklock.backends.base import KEY_PREFIX, STALE_AFTER
@@ -22,6 +29,13 @@ Duration = int | float | timedelta
 #: 255 (the column) minus the ``task-lock:`` prefix, on every backend.
 MAX_KEY_LENGTH = 255 - len(KEY_PREFIX)
 MAX_LIFETIME_LIMIT = STALE_AFTER
+#: The shortest duration accepted: anything shorter would round to zero
+#: somewhere (microseconds in a timedelta, milliseconds in Redis).
+MIN_DURATION = timedelta(milliseconds=1)
+#: The longest duration accepted. No lease outlives ``max_lifetime`` (at most
+#: 24 h), so a longer ttl or interval would mean nothing, and every storage
+#: can represent "now + 24 h".
+MAX_DURATION = STALE_AFTER
 DEFAULT_TTL = timedelta(minutes=15)
 OPTION_NAMES = ("ttl", "refresh_interval", "max_lifetime")
 
@@ -33,6 +47,13 @@ def validate_key(key: object) -> str:
         raise ValueError("key must not be empty")
     if len(key) > MAX_KEY_LENGTH:
         raise ValueError(f"key must be at most {MAX_KEY_LENGTH} characters, got {len(key)}")
+    if "\x00" in key:
+        # PostgreSQL refuses NUL in text; Redis would store it. Same answer everywhere.
+        raise ValueError("key must not contain NUL ('\\x00')")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("key must be valid Unicode text (it contains a lone surrogate)") from None
     return key
 
 
@@ -43,19 +64,94 @@ def validate_callable(name: str, value: object, *, optional: bool = False) -> No
         raise TypeError(f"{name} must be callable, not {type(value).__name__}")
 
 
+def is_coroutine_function(value: object) -> bool:
+    """``async def`` functions, also behind ``functools.partial`` or as ``__call__``."""
+    while isinstance(value, functools.partial):
+        value = value.func
+    if iscoroutinefunction(value) or inspect.iscoroutinefunction(value):
+        return True
+    call = getattr(type(value), "__call__", None)  # noqa: B004 - the class's, not callable()
+    return not inspect.isroutine(value) and inspect.iscoroutinefunction(call)
+
+
+def validate_sync_callable(name: str, value: object, *, twin: str, optional: bool = False) -> None:
+    """A callable the sync API may call: a coroutine function would never run."""
+    validate_callable(name, value, optional=optional)
+    if value is not None and is_coroutine_function(value):
+        raise TypeError(
+            f"{name} is a coroutine function, which the sync API would never await; "
+            f"use {twin}() instead"
+        )
+
+
 def to_timedelta(name: str, value: object) -> timedelta:
-    """Seconds (int or float) or a timedelta, strictly positive and finite."""
+    """Seconds (int or float) or a timedelta, from 1 ms to 24 h.
+
+    Bounds are checked before any conversion, so a huge number is a
+    ``ValueError`` naming ``name``, never an ``OverflowError``.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)):
         raise TypeError(f"{name} must be seconds (int or float) or a timedelta, not {value!r}")
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
-    return value if isinstance(value, timedelta) else timedelta(seconds=seconds)
+    shown = str(value) if isinstance(value, timedelta) else reprlib.repr(value)
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError(f"{name} must be a number of seconds, got {shown}")
+    # Compared before any conversion: int against float is exact in Python and
+    # never overflows, where timedelta(seconds=10**400) would.
+    if isinstance(value, timedelta):
+        positive, short, long = value > timedelta(0), value < MIN_DURATION, value > MAX_DURATION
+    else:
+        positive = value > 0
+        short = value < MIN_DURATION.total_seconds()
+        long = value > MAX_DURATION.total_seconds()
+    if not positive:
+        raise ValueError(f"{name} must be positive, got {shown}")
+    if short:
+        raise ValueError(f"{name} must be at least 1 ms (shorter rounds to zero), got {shown}")
+    if long:
+        raise ValueError(f"{name} must be at most 24 hours, got {shown}")
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+
+def project_defaults(settings_value: Mapping[str, Any] | None = None) -> dict[str, timedelta]:
+    """``TASKLOCK_DEFAULTS`` validated as a whole, or ``ImproperlyConfigured`` naming it.
+
+    The defaults must hold together as if a caller passed them all (with the
+    built-in default for any that is absent): ``refresh_interval < ttl``,
+    each duration from 1 ms to 24 h. ``manage.py check`` reports the same
+    message as ``django_tasklock.E007``.
+    """
+    try:
+        project = dict(conf.DEFAULTS if settings_value is None else settings_value)
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(
+            f"TASKLOCK_DEFAULTS must be a dict of ttl, refresh_interval, max_lifetime ({exc})"
+        ) from exc
+    unknown = sorted(set(project) - set(OPTION_NAMES), key=repr)
+    if unknown:
+        raise ImproperlyConfigured(
+            f"TASKLOCK_DEFAULTS has unknown keys {unknown}; allowed: {OPTION_NAMES}"
+        )
+    resolved: dict[str, timedelta] = {}
+    try:
+        for name in OPTION_NAMES:
+            if project.get(name) is not None:
+                resolved[name] = to_timedelta(f"TASKLOCK_DEFAULTS[{name!r}]", project[name])
+        if "refresh_interval" in resolved:
+            ttl = resolved.get("ttl", DEFAULT_TTL)
+            if resolved["refresh_interval"] >= ttl:
+                raise ValueError(
+                    f"TASKLOCK_DEFAULTS['refresh_interval'] must be less than the ttl "
+                    f"({resolved['refresh_interval']} >= {ttl})"
+                )
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(str(exc)) from exc
+    return resolved
 
 
 @dataclasses.dataclass(frozen=True)
 class LockOptions:
-    """The lease's timing, validated: ``0 < refresh_interval < ttl``, ``max_lifetime <= 24 h``."""
+    """The lease's timing, validated: ``1 ms <= refresh_interval < ttl <= 24 h``,
+    ``max_lifetime`` from 1 ms to 24 h."""
 
     ttl: timedelta = DEFAULT_TTL
     refresh_interval: timedelta = DEFAULT_TTL / 3
@@ -72,11 +168,14 @@ class LockOptions:
     ) -> LockOptions:
         """Combine the call's options with ``TASKLOCK_DEFAULTS`` (or ``defaults``).
 
-        ``refresh_interval`` defaults to a third of the ttl unless the settings
-        name one shorter than the ttl. A value from settings that is invalid
-        is reported as ``TASKLOCK_DEFAULTS['name']``. Results from the settings
-        are remembered per argument values (and types, so ``True`` is never
-        taken for ``1``) until ``TASKLOCK_DEFAULTS`` changes.
+        Invalid defaults raise ``ImproperlyConfigured`` (see
+        :func:`project_defaults`); invalid call options ``TypeError`` or
+        ``ValueError`` naming the parameter. ``refresh_interval`` defaults to
+        the project's, unless that is not shorter than this call's ttl (a
+        project-wide interval cannot know every call's ttl): then, as without
+        one, to a third of the ttl. Results from the settings are remembered
+        per argument values (and types, so ``True`` is never taken for ``1``)
+        until ``TASKLOCK_DEFAULTS`` changes (``setting_changed``).
         """
         if defaults is not None:
             return cls._resolve(ttl, refresh_interval, max_lifetime, defaults)
@@ -102,37 +201,32 @@ class LockOptions:
         max_lifetime: Duration | None,
         defaults: Mapping[str, Any] | None,
     ) -> LockOptions:
-        project = conf.DEFAULTS if defaults is None else dict(defaults)
-        unknown = set(project) - set(OPTION_NAMES)
-        if unknown:
-            raise ValueError(
-                f"TASKLOCK_DEFAULTS has unknown keys {sorted(unknown)}; allowed: {OPTION_NAMES}"
-            )
+        project = project_defaults(defaults)
 
-        def pick(name: str, value: object) -> timedelta | None:
-            if value is not None:
-                return to_timedelta(name, value)
-            if project.get(name) is not None:
-                return to_timedelta(f"TASKLOCK_DEFAULTS[{name!r}]", project[name])
-            return None
+        def given(name: str, value: Duration | None) -> timedelta | None:
+            return None if value is None else to_timedelta(name, value)
 
-        ttl_td = pick("ttl", ttl) or DEFAULT_TTL
-        interval_td = pick("refresh_interval", refresh_interval)
-        if interval_td is None or (refresh_interval is None and interval_td >= ttl_td):
-            # A project-wide interval too long for this call's ttl gives way.
+        call_ttl = given("ttl", ttl)
+        call_interval = given("refresh_interval", refresh_interval)
+        call_lifetime = given("max_lifetime", max_lifetime)
+        ttl_td = call_ttl if call_ttl is not None else project.get("ttl", DEFAULT_TTL)
+        interval_td = call_interval or project.get("refresh_interval")
+        if interval_td is None or (call_interval is None and interval_td >= ttl_td):
             interval_td = ttl_td / 3
-        lifetime_td = pick("max_lifetime", max_lifetime) or MAX_LIFETIME_LIMIT
         if interval_td >= ttl_td:
             raise ValueError(
                 f"refresh_interval must be less than ttl ({interval_td} >= {ttl_td}): "
                 "the lease would expire between two refreshes"
             )
-        if lifetime_td > MAX_LIFETIME_LIMIT:
-            raise ValueError(f"max_lifetime must be at most 24 hours, got {lifetime_td}")
-        return cls(ttl=ttl_td, refresh_interval=interval_td, max_lifetime=lifetime_td)
+        lifetime_td = call_lifetime or project.get("max_lifetime")
+        return cls(
+            ttl=ttl_td,
+            refresh_interval=interval_td,
+            max_lifetime=lifetime_td if lifetime_td is not None else MAX_LIFETIME_LIMIT,
+        )
 
 
-# LockOptions.resolve's answers from the settings; see forget_resolved().
+# LockOptions.resolve's answers from the settings; see _forget_resolved().
 _resolved: dict[tuple[tuple[object, ...], tuple[type, ...]], LockOptions] = {}
 _RESOLVED_MAX = 256
 

@@ -19,6 +19,7 @@ from django_tasklock.options import (
     LockOptions,
     validate_callable,
     validate_key,
+    validate_sync_callable,
 )
 from django_tasklock.signals import lock_acquired, lock_released
 from django_tasklock.transactions import release_after_transactions
@@ -114,8 +115,12 @@ class TaskLockService:
         that transaction commits or rolls back, so the next holder sees its work.
 
         Raises:
-            TypeError, ValueError: bad arguments, naming the parameter; nothing is written.
+            TypeError, ValueError: bad arguments, naming the parameter; nothing is written
+                (a coroutine function for ``fn`` or ``on_locked`` names ``arun_exclusive``).
+            ImproperlyConfigured: ``TASKLOCK_DEFAULTS`` is invalid.
         """
+        validate_sync_callable("fn", fn, twin="arun_exclusive")
+        validate_sync_callable("on_locked", on_locked, twin="arun_exclusive", optional=True)
         backend, options = self._prepare(key, fn, ttl, refresh_interval, max_lifetime, on_locked)
         # The token first and the acquisition inside the try: interrupted
         # (KeyboardInterrupt) before we know whether the lease was granted, we

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -14,7 +15,7 @@ from django_tasklock.backends import reset_backend
 from django_tasklock.backends.base import caller_key, storage_key
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.db_connections import add_thread_connection
-from django_tasklock.testing import BackendRecipe, ContractBackend
+from django_tasklock.testing import BackendRecipe, ContractBackend, faketime_worker_clock
 from tests import services
 
 #: Every database alias the suite runs against.
@@ -34,6 +35,17 @@ def pytest_report_header() -> list[str]:
 def require_service(name: str) -> None:
     if name in services.missing:
         pytest.skip(services.missing[name])
+
+
+def skewed_worker(recipe: BackendRecipe) -> Any:
+    """The faketime hook; under CI=true a missing faketime fails instead of skipping."""
+    if services.IN_CI and shutil.which("faketime") is None:
+
+        def missing(offset: timedelta) -> Any:
+            pytest.fail("CI=true and faketime is not installed (apt-get install faketime)")
+
+        return missing
+    return faketime_worker_clock(recipe)
 
 
 def database_backend(alias: str) -> ContractBackend:
@@ -75,6 +87,8 @@ def database_backend(alias: str) -> ContractBackend:
         put_foreign=put_foreign,
         stored_keys=lambda: set(rows.values_list("key", flat=True)),
         unreachable=unreachable,
+        # SQLite runs in the worker's process: its clock is the worker's.
+        skew_worker_clock=None if alias == "default" else skewed_worker(recipe),
     )
 
 
@@ -98,18 +112,20 @@ def redis_backend(namespace: str) -> Iterator[ContractBackend]:
     def stored_keys() -> set[str]:
         return {k.decode() for k in client.scan_iter(match=f"*{namespace}*")}
 
+    recipe = BackendRecipe(
+        backend="django_tasklock.backends.redis.RedisBackend",
+        kwargs={"url": url},
+        settings={"INSTALLED_APPS": ["django_tasklock"]},
+    )
     yield ContractBackend(
         name="redis",
         backend=RedisBackend(url=url),
-        recipe=BackendRecipe(
-            backend="django_tasklock.backends.redis.RedisBackend",
-            kwargs={"url": url},
-            settings={"INSTALLED_APPS": ["django_tasklock"]},
-        ),
+        recipe=recipe,
         plant=plant,
         put_foreign=put_foreign,
         stored_keys=stored_keys,
         unreachable=lambda: RedisBackend(url="redis://127.0.0.1:1/0"),
+        skew_worker_clock=skewed_worker(recipe),
     )
     # Only what this test wrote: its keys all carry its namespace.
     for stored in stored_keys():
@@ -188,3 +204,24 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
             "databases"
         ):
             item.add_marker(marker)
+
+
+@pytest.fixture
+def active_backend(any_backend: ContractBackend) -> Iterator[ContractBackend]:
+    """``any_backend``, made the one ``TASKLOCK_BACKEND`` chooses (for commands and the admin)."""
+    from django.test import override_settings
+
+    from django_tasklock import backends
+
+    if any_backend.name == "memory":
+        with override_settings(TASKLOCK_BACKEND="memory"):
+            backends._backend = any_backend.backend  # the very instance the test plants in
+            yield any_backend
+    elif any_backend.name == "redis":
+        with override_settings(TASKLOCK_BACKEND="redis", TASKLOCK_REDIS_URL=settings.REDIS_URL):
+            yield any_backend
+    else:
+        assert any_backend.recipe is not None
+        alias = any_backend.recipe.kwargs["using"]
+        with override_settings(TASKLOCK_BACKEND="database", TASKLOCK_DATABASE=alias):
+            yield any_backend

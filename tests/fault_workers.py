@@ -36,13 +36,16 @@ def hold_through(
     """Hold ``key`` until the parent says "done"; report the outcome and the log.
 
     The parent breaks and mends the storage while we hold the lock, then reads
-    ``{"acquired", "result", "lost", "log"}`` back.
+    ``{"acquired", "result", "lost", "log", "lost_signals"}`` back.
     """
     from django_tasklock.service import TaskLockService
+    from django_tasklock.signals import lock_lost
 
     service = TaskLockService(recipe.build())
     logs = _Collect()
     logging.getLogger("django_tasklock").addHandler(logs)
+    lost_signals: list[str] = []
+    lock_lost.connect(lambda sender, key, **kw: lost_signals.append(key), weak=False)
 
     def work() -> str:
         conn.send("holding")
@@ -57,5 +60,6 @@ def hold_through(
     except Exception as exc:
         outcome = {"error": f"{type(exc).__name__}: {exc}"}
     outcome["log"] = logs.lines
+    outcome["lost_signals"] = lost_signals
     conn.send(outcome)
     time.sleep(0.2)

@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -199,3 +200,68 @@ def start_pgbouncer(
         stop()
         raise
     return port, stop
+
+
+class PrivateSentinel:
+    """A Redis master, its replica and one sentinel watching them as ``mymaster``."""
+
+    service = "mymaster"
+
+    def __init__(self, master: PrivateRedis, replica: PrivateRedis) -> None:
+        self.master, self.replica = master, replica
+        binary = shutil.which("redis-sentinel") or shutil.which("redis-server")
+        self.binary = require_binary(binary, "redis-sentinel")
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="tasklock-sentinel-"))
+        (self.dir / "sentinel.conf").write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\n"
+            f"sentinel monitor {self.service} 127.0.0.1 {master.port} 1\n"
+            f"sentinel down-after-milliseconds {self.service} 1000\n"
+            f"sentinel failover-timeout {self.service} 5000\n"
+        )
+        self.process = subprocess.Popen(
+            [self.binary, str(self.dir / "sentinel.conf"), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for_port(self.port)
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.port}/{self.service}/0"
+
+    def client(self) -> Any:
+        import redis
+
+        return redis.Redis(port=self.port, decode_responses=True)
+
+    def master_port(self) -> int:
+        return int(self.client().sentinel_get_master_addr_by_name(self.service)[1])
+
+    def wait_for_replica(self, timeout: float = 30) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            replicas = self.client().sentinel_slaves(self.service)
+            if any(
+                r["port"] == self.replica.port and r["master-link-status"] == "ok"
+                for r in replicas
+            ):
+                return
+            time.sleep(0.1)
+        raise TimeoutError("the sentinel never saw the replica")
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_sentinel() -> Iterator[PrivateSentinel]:
+    with contextlib.ExitStack() as stack:
+        master = stack.enter_context(private_redis())
+        replica = stack.enter_context(private_redis("--replicaof", "127.0.0.1", str(master.port)))
+        sentinel = PrivateSentinel(master, replica)
+        stack.callback(sentinel.stop)
+        sentinel.wait_for_replica()
+        yield sentinel

@@ -10,8 +10,12 @@ SECRET_KEY = "django-tasklock-tests"
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 INSTALLED_APPS = [
+    "django.contrib.admin",
     "django.contrib.contenttypes",
     "django.contrib.auth",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
     "django_tasklock",
 ]
 
@@ -42,3 +46,27 @@ if REDIS_URL:
     CACHES["redis"] = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL}
 
 TASKLOCK_BACKEND = "database"
+
+# The admin page of held locks (tests/test_admin.py, tests/test_admin_browser.py).
+ROOT_URLCONF = "tests.urls"
+STATIC_URL = "/static/"
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]

@@ -1,6 +1,6 @@
-"""A worker whose clock is wrong: run as ``python -m tests.skew_worker SPEC`` under libfaketime.
+"""A worker whose clock is wrong: run as ``python -m tests.skew_worker ARGS`` under libfaketime.
 
-SPEC is JSON: ``{"recipe": {...}, "key": ..., "action": "try" | "hold", "ttl": seconds}``.
+ARGS is JSON: ``{"recipe": {...}, "key": ..., "action": "try" | "hold", "ttl": seconds}``.
 ``try`` prints whether it acquired the key; ``hold`` acquires it (no heartbeat),
 prints ``acquired`` and waits to be killed.
 """

@@ -14,7 +14,7 @@ from django_tasklock.testing import ContractBackend, FaultyBackend
 from django_tasklock.testing.support import SignalRecorder
 
 LONG, LIFE = timedelta(seconds=30), timedelta(hours=1)
-SPECIAL = ["'; DROP TABLE cache_entries; --", "*", "?", "[a-z]", "{x}", "%", "_", "\\", "a b"]
+PECULIAR = ["'; DROP TABLE cache_entries; --", "*", "?", "[a-z]", "{x}", "%", "_", "\\", "a b"]
 
 
 class TokenRecorder(FaultyBackend):
@@ -79,7 +79,7 @@ def test_keys_full_of_sql_and_pattern_characters_stay_literal(
     any_backend: ContractBackend, key: str
 ) -> None:
     backend = any_backend.backend
-    keys = [key + special for special in SPECIAL]
+    keys = [key + special for special in PECULIAR]
     tokens = {k: new_token() for k in keys}
     for k in keys:
         assert backend.acquire(k, tokens[k], ttl=LONG, max_lifetime=LIFE)

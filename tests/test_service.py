@@ -9,6 +9,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_tasklock import Holder, TaskLockService
@@ -49,7 +50,7 @@ def test_project_defaults_apply_and_calls_override_them() -> None:
 def test_invalid_project_default_is_named_as_the_setting() -> None:
     with (
         override_settings(TASKLOCK_DEFAULTS={"ttl": -5}),
-        pytest.raises(ValueError, match=r"TASKLOCK_DEFAULTS\['ttl'\]"),
+        pytest.raises(ImproperlyConfigured, match=r"TASKLOCK_DEFAULTS\['ttl'\]"),
     ):
         LockOptions.resolve()
 

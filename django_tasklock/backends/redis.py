@@ -38,6 +38,7 @@ from django_tasklock.backends.base import (
     storage_key,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
+from django_tasklock.backends.redis_urls import client_from_url
 
 if TYPE_CHECKING:
     # redis-py is imported when a connection is made, never at import: without
@@ -140,7 +141,6 @@ _STALE_MS = int(STALE_AFTER / timedelta(milliseconds=1))
 _BATCH = 500
 #: Most leases one refresh script carries.
 REFRESH_CHUNK = 500
-_TIMEOUT_S = 10
 
 
 def _ms(duration: timedelta) -> int:
@@ -250,17 +250,13 @@ class RedisBackend(BaseBackend):
 
     def _connect(self) -> redis.Redis:
         try:
-            import redis
+            import redis  # noqa: F401 - the check that redis-py is installed
         except ImportError as exc:
             raise ImproperlyConfigured(
                 f"The Redis lock backend needs redis-py: {INSTALL_HINT}."
             ) from exc
         if self._url is not None:
-            # A Redis that stops answering must not stall the heartbeat for
-            # ever; options in the URL's query string win over these.
-            return redis.Redis.from_url(
-                self._url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S
-            )
+            return client_from_url(self._url)
         try:
             from django_redis import get_redis_connection
         except ImportError as exc:

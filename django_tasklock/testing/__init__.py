@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django_tasklock.testing.contract import BackendContract
 from django_tasklock.testing.faults import FaultyBackend, InjectedFault
+from django_tasklock.testing.skew import faketime_worker_clock
 from django_tasklock.testing.support import ContractBackend
 from django_tasklock.testing.workers import BackendRecipe
 
@@ -19,4 +20,5 @@ __all__ = [
     "ContractBackend",
     "FaultyBackend",
     "InjectedFault",
+    "faketime_worker_clock",
 ]

@@ -85,6 +85,16 @@ class LeaseCases:
         assert backend.peek(key) is None
         assert backend.acquire(key, new_token(), ttl=LONG, max_lifetime=life)
 
+    def test_first_lease_lasts_at_most_max_lifetime(self, backend: BaseBackend, key: str) -> None:
+        # max_lifetime shorter than the ttl caps the very first lease too.
+        assert backend.acquire(key, new_token(), ttl=LONG, max_lifetime=timedelta(seconds=0.4))
+        held = backend.peek(key)
+        assert held is not None
+        assert held.seconds_left <= 0.4 + SLACK / 2
+        time.sleep(0.6)
+        assert backend.peek(key) is None
+        assert backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
+
     def test_work_past_max_lifetime_loses_the_key(
         self,
         service: TaskLockService,

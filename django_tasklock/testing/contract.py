@@ -25,6 +25,7 @@ import pytest
 from django_tasklock.backends.base import BaseBackend
 from django_tasklock.service import TaskLockService
 from django_tasklock.signals import lock_acquired, lock_lost, lock_released
+from django_tasklock.testing.cases_clock import ClockCases
 from django_tasklock.testing.cases_exclusion import ExclusionCases
 from django_tasklock.testing.cases_failures import FailureCases
 from django_tasklock.testing.cases_lease import LeaseCases
@@ -34,7 +35,7 @@ from django_tasklock.testing.support import ContractBackend, SignalRecorder
 __all__ = ["BackendContract", "ContractBackend"]
 
 
-class BackendContract(ExclusionCases, LeaseCases, FailureCases, OperationCases):
+class BackendContract(ExclusionCases, LeaseCases, FailureCases, OperationCases, ClockCases):
     """The README's "What you can rely on", items 1 to 10, against ``contract_backend``."""
 
     @pytest.fixture

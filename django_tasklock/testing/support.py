@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
@@ -29,7 +30,10 @@ class ContractBackend:
     stored_key)``: write an entry that is not a lock (an expired one, where the
     storage has expiry). ``stored_keys()``: every key in the storage that the
     test may see. ``unreachable()``: a backend pointed at storage that does
-    not answer.
+    not answer. ``skew_worker_clock(offset)``: a context manager giving a
+    backend on the same storage as used by a worker whose clock is ``offset``
+    off (for a backend built from a recipe, :func:`faketime_worker_clock`
+    gives one); without it a backend claiming ``server_clock`` is not checked.
     """
 
     name: str
@@ -39,6 +43,7 @@ class ContractBackend:
     put_foreign: Callable[[str], None] | None = None
     stored_keys: Callable[[], set[str]] | None = None
     unreachable: Callable[[], BaseBackend] | None = None
+    skew_worker_clock: Callable[[timedelta], AbstractContextManager[BaseBackend]] | None = None
 
 
 def require(subject: ContractBackend, hook: str) -> Any:

@@ -1,7 +1,14 @@
-"""No pages: the example is the ``demo`` management command."""
+"""The admin (with its "Task locks" page), a slow page under a lock, and a home page."""
 
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from django.contrib import admin
+from django.urls import URLPattern, URLResolver, path
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from exampleapp import views
+
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("", views.home, name="home"),
+    path("slow/", views.slow_report, name="slow-report"),
+    path("admin/", admin.site.urls),
+]

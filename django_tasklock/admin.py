@@ -1,0 +1,180 @@
+"""The "Task locks" admin page: the held locks of the active backend, and force release.
+
+The page lists what the backend chosen by ``TASKLOCK_BACKEND`` reports, not rows
+of a table, so it works the same on Redis. It hangs off a read-only ModelAdmin
+of ``CacheEntry`` (whose changelist it replaces), the way django-rq adds its
+pages, rather than faking a model's ``_meta``.
+
+Who may do what:
+
+- viewing: staff with ``django_tasklock.view_cacheentry`` or
+  ``django_tasklock.force_release`` (superusers have both);
+- force release: ``django_tasklock.force_release`` only, after a confirmation
+  page, by POST with a CSRF token; anything else is a 403. Each release is
+  written to the admin's log (``LogEntry``, action "deletion", content type
+  ``CacheEntry``, ``object_repr`` the caller's key, ``object_id`` the stored
+  key), so it appears in "Recent actions".
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+
+from django_tasklock import display
+from django_tasklock.backends.base import HeldLock, storage_key
+from django_tasklock.models import CacheEntry
+from django_tasklock.options import validate_key
+from django_tasklock.service import TaskLockService
+
+logger = logging.getLogger("django_tasklock")
+
+FORCE_RELEASE_PERMISSION = "django_tasklock.force_release"
+
+
+def _row(lock: HeldLock) -> dict[str, Any]:
+    return {
+        "key": lock.key,
+        "host": lock.holder.host,
+        "pid": lock.holder.pid,
+        "acquired_at": display.when(lock.acquired_at),
+        "expires_at": display.when(lock.expires_at),
+        "time_left": display.time_left(lock.seconds_left),
+        "fence": display.fence(lock),
+    }
+
+
+@admin.register(CacheEntry)
+class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Read-only: no adding, changing or deleting rows; only the pages below."""
+
+    list_template = "admin/django_tasklock/task_locks.html"
+    release_template = "admin/django_tasklock/release_confirmation.html"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_force_release_permission(request) or request.user.has_perm(
+            "django_tasklock.view_cacheentry"
+        )
+
+    def has_force_release_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(FORCE_RELEASE_PERMISSION)
+
+    def get_urls(self) -> list[URLPattern]:
+        name = f"{self.opts.app_label}_{self.opts.model_name}"
+        wrap = self.admin_site.admin_view
+        return [
+            path("", wrap(self.changelist_view), name=f"{name}_changelist"),
+            path("release/", wrap(self.release_view), name=f"{name}_release"),
+        ]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The held locks, searchable by key (``?q=``, any part, any case)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        query = request.GET.get("q", "").strip()
+        error = None
+        try:
+            backend = TaskLockService().backend
+            locks = backend.list()
+        except Exception as exc:  # an unreachable storage is shown, not a 500
+            logger.warning("The Task locks page could not list locks.", exc_info=True)
+            locks, error = [], f"{type(exc).__name__}: {exc}"
+        total = len(locks)
+        if query:
+            locks = [lock for lock in locks if query.casefold() in lock.key.casefold()]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Task locks",
+            "subtitle": None,
+            "opts": self.opts,
+            "backend": None if error else type(backend).__qualname__,
+            "locks": [_row(lock) for lock in locks],
+            "total": total,
+            "query": query,
+            "error": error,
+            "show_fence": display.has_fences(locks),
+            "can_release": self.has_force_release_permission(request),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, self.list_template, context)
+
+    def release_view(self, request: HttpRequest) -> HttpResponse:
+        """GET: ask to confirm releasing ``?key=``. POST: release it, log it, go back."""
+        if not self.has_force_release_permission(request):
+            raise PermissionDenied
+        if request.method not in {"GET", "POST"}:
+            return HttpResponseNotAllowed(["GET", "POST"])
+        data = request.POST if request.method == "POST" else request.GET
+        back = HttpResponseRedirect(reverse(f"{self.admin_site.name}:{self._url_name}"))
+        try:
+            key = validate_key(data.get("key", ""))
+        except ValueError as exc:
+            messages.error(request, f"Cannot release: {exc}.")
+            return back
+        try:
+            backend = TaskLockService().backend
+            held = backend.peek(key)
+            released = held is not None and request.method == "POST" and backend.force_release(key)
+        except Exception as exc:
+            logger.warning("Force release from the admin failed.", exc_info=True)
+            messages.error(request, f"The lock backend failed: {type(exc).__name__}: {exc}")
+            return back
+        if released and held is not None:
+            self._log_release(request, held)
+            messages.success(request, f"Released {key!r} (was held by {held.holder}).")
+            return back
+        if held is None or request.method == "POST":
+            messages.warning(request, f"{key!r} is not held (any more): nothing to release.")
+            return back
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Force-release a task lock?",
+            "subtitle": None,
+            "opts": self.opts,
+            "lock": _row(held),
+        }
+        return TemplateResponse(request, self.release_template, context)
+
+    @property
+    def _url_name(self) -> str:
+        return f"{self.opts.app_label}_{self.opts.model_name}_changelist"
+
+    def _log_release(self, request: HttpRequest, held: HeldLock) -> None:
+        # Not log_deletion/log_action: there may be no row (Redis), and their
+        # signatures change across Django versions. The stored key is the
+        # row's primary key on the database backend.
+        user = request.user
+        assert user.is_authenticated  # admin_view lets nobody else in
+        LogEntry.objects.create(
+            user=user,
+            content_type_id=ContentType.objects.get_for_model(CacheEntry).pk,
+            object_id=storage_key(held.key),
+            object_repr=held.key[:200],
+            action_flag=DELETION,
+            change_message=f"Force-released the task lock held by {held.holder}.",
+        )
+        logger.warning(
+            "Task lock %r held by %s was force-released by %s in the admin.",
+            held.key,
+            held.holder,
+            request.user,
+        )

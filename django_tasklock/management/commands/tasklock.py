@@ -1,0 +1,164 @@
+"""``manage.py tasklock``: list held locks, sweep stale ones, force-release one.
+
+Works the same on every backend: it speaks to storage only through the
+backend ``TASKLOCK_BACKEND`` chooses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_tasklock import display
+from django_tasklock.backends.base import BaseBackend, HeldLock
+from django_tasklock.options import validate_key
+from django_tasklock.service import TaskLockService
+
+T = TypeVar("T")
+
+
+def _key(value: str) -> str:
+    try:
+        return validate_key(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _expires_by_itself(backend: BaseBackend) -> bool:
+    # Looked up, not imported: the command must work without redis-py installed.
+    module = sys.modules.get("django_tasklock.backends.redis")
+    return module is not None and isinstance(backend, module.RedisBackend)
+
+
+class Command(BaseCommand):
+    help = "Inspect and operate the task locks of the configured backend (TASKLOCK_BACKEND)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        subcommands = parser.add_subparsers(
+            dest="subcommand", required=True, metavar="{list,clearstale,release}"
+        )
+
+        listing = subcommands.add_parser("list", help="held (live) locks")
+        listing.add_argument(
+            "--json", action="store_true", dest="as_json", help="a JSON list, for scripts"
+        )
+        listing.add_argument(
+            "--prefix", default="", help="only keys starting with PREFIX (without task-lock:)"
+        )
+
+        clearing = subcommands.add_parser(
+            "clearstale", help="delete expired and abandoned lock entries"
+        )
+        clearing.add_argument("--dry-run", action="store_true", help="count them, delete nothing")
+
+        release = subcommands.add_parser("release", help="force-release KEY, whoever holds it")
+        release.add_argument("key", type=_key, metavar="KEY", help="the key, without task-lock:")
+        release.add_argument(
+            "--noinput",
+            "--no-input",
+            action="store_false",
+            dest="interactive",
+            help="do not ask for confirmation",
+        )
+
+        # Django 4.2's subparsers do not inherit it: errors would raise instead of printing usage.
+        for subparser in (listing, clearing, release):
+            subparser.called_from_command_line = parser.called_from_command_line
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        backend = self._call(lambda: TaskLockService().backend)
+        verbosity: int = options["verbosity"]
+        if verbosity >= 2:
+            cls = type(backend)
+            self.stderr.write(f"Backend: {cls.__module__}.{cls.__qualname__}")
+        if options["subcommand"] == "list":
+            self._list(backend, as_json=options["as_json"], prefix=options["prefix"])
+        elif options["subcommand"] == "clearstale":
+            self._clear_stale(backend, dry_run=options["dry_run"], verbosity=verbosity)
+        else:
+            self._release(
+                backend, options["key"], interactive=options["interactive"], verbosity=verbosity
+            )
+
+    def confirm(self, question: str) -> bool:
+        """Ask ``question`` on the terminal; True for yes. Tests replace this method."""
+        return input(f"{question} [y/N] ").strip().lower() in {"y", "yes"}
+
+    # -- subcommands -------------------------------------------------------------
+
+    def _list(self, backend: BaseBackend, *, as_json: bool, prefix: str) -> None:
+        locks = [lock for lock in self._call(backend.list) if lock.key.startswith(prefix)]
+        if as_json:
+            self.stdout.write(json.dumps([display.as_json(lock) for lock in locks], indent=2))
+        elif not locks:
+            self.stdout.write("no locks held")
+        else:
+            self.stdout.write(self._table(locks))
+
+    def _clear_stale(self, backend: BaseBackend, *, dry_run: bool, verbosity: int) -> None:
+        count = self._call(lambda: backend.clear_stale(dry_run=dry_run))
+        if verbosity < 1:
+            return
+        entries = "entry" if count == 1 else "entries"
+        if dry_run:
+            self.stdout.write(f"Would remove {count} stale lock {entries} (dry run).")
+        else:
+            self.stdout.write(self.style.SUCCESS(f"Removed {count} stale lock {entries}."))
+        if _expires_by_itself(backend):
+            self.stdout.write(
+                "Redis expires leases itself (their TTL), so there is usually nothing to remove."
+            )
+
+    def _release(
+        self, backend: BaseBackend, key: str, *, interactive: bool, verbosity: int
+    ) -> None:
+        held = self._call(lambda: backend.peek(key))
+        if held is None:
+            raise CommandError(f"{key!r} is not held.")
+        if interactive and not self.confirm(
+            f"Force-release {key!r}, held by {held.holder} for "
+            f"{display.time_left(held.seconds_left)} more? "
+            "Its holder keeps running and will find its lock lost."
+        ):
+            raise CommandError("Release cancelled.")
+        if not self._call(lambda: backend.force_release(key)):
+            raise CommandError(f"{key!r} is not held (its lease ended in the meantime).")
+        if verbosity >= 1:
+            self.stdout.write(self.style.SUCCESS(f"Released {key!r} (was held by {held.holder})."))
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _call(self, operation: Callable[[], T]) -> T:
+        """Run a backend operation; a storage that cannot be reached is a CommandError."""
+        try:
+            return operation()
+        except Exception as exc:
+            raise CommandError(f"The lock backend failed: {type(exc).__name__}: {exc}") from exc
+
+    def _table(self, locks: list[HeldLock]) -> str:
+        header = ["KEY", "HOST", "PID", "ACQUIRED", "EXPIRES", "LEFT"]
+        rows = [
+            [
+                lock.key,
+                lock.holder.host,
+                str(lock.holder.pid) if lock.holder.pid is not None else "?",
+                display.when(lock.acquired_at),
+                display.when(lock.expires_at),
+                display.time_left(lock.seconds_left),
+            ]
+            for lock in locks
+        ]
+        if display.has_fences(locks):
+            header.append("FENCE")
+            for row, lock in zip(rows, locks, strict=True):
+                row.append(str(display.fence(lock) or ""))
+        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+        return "\n".join(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            for row in [header, *rows]
+        )

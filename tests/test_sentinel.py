@@ -1,0 +1,110 @@
+"""Locks through Redis Sentinel, and across a forced failover.
+
+A master, a replica and a sentinel run on loopback ports (``tests/servers.py``).
+The backend reaches the master through django-redis's Sentinel client or a
+``redis+sentinel://`` ``TASKLOCK_REDIS_URL``. Redis replicates asynchronously:
+a lease written just before a failover can be missing on the new master. The
+holder then either keeps its lease (it was replicated) or is told it lost it —
+never neither; fencing tokens protect the resource in the second case.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.test import override_settings
+
+from django_tasklock.backends.base import storage_key
+from django_tasklock.backends.redis import RedisBackend
+from django_tasklock.service import TaskLockService
+from django_tasklock.signals import lock_lost
+from tests.servers import PrivateSentinel, private_sentinel
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def sentinel() -> Iterator[PrivateSentinel]:
+    with private_sentinel() as running:
+        yield running
+
+
+@pytest.fixture(params=["url", "django-redis"])
+def backend(request: pytest.FixtureRequest, sentinel: PrivateSentinel) -> Iterator[RedisBackend]:
+    if request.param == "url":
+        yield RedisBackend(url=sentinel.url)
+        return
+    cache = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"redis://{sentinel.service}/0",
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_redis.client.SentinelClient",
+            "SENTINELS": [("127.0.0.1", sentinel.port)],
+        },
+    }
+    with override_settings(
+        CACHES={"default": cache},
+        DJANGO_REDIS_CONNECTION_FACTORY="django_redis.pool.SentinelConnectionFactory",
+    ):
+        yield RedisBackend(cache_alias="default")
+
+
+def test_locks_work_through_sentinel_and_survive_a_failover_or_say_they_did_not(
+    sentinel: PrivateSentinel, backend: RedisBackend, key: str
+) -> None:
+    service = TaskLockService(backend)
+    assert service.run_exclusive(key, lambda: "before").result == "before"
+    lost: list[str] = []
+    seen: dict[str, Any] = {}
+
+    def on_lost(sender: object, key: str, **kwargs: object) -> None:
+        lost.append(key)
+
+    def work() -> None:
+        assert sentinel.master_port() == sentinel.master.port
+        assert not service.run_exclusive(key, lambda: None).acquired  # held, through sentinel
+        time.sleep(0.5)  # let the lease replicate
+        sentinel.client().execute_command("SENTINEL", "FAILOVER", sentinel.service)
+        end = time.monotonic() + 20
+        while sentinel.master_port() != sentinel.replica.port:
+            assert time.monotonic() < end, "the failover never happened"
+            time.sleep(0.1)
+        time.sleep(2)  # refreshes after the failover, on the new master
+        new_master = redis.Redis(port=sentinel.replica.port)
+        seen["value"] = new_master.get(storage_key(key))
+
+    lock_lost.connect(on_lost, weak=False)
+    try:
+        result = service.run_exclusive(key, work, ttl=3, refresh_interval=0.5)
+    finally:
+        lock_lost.disconnect(on_lost)
+    assert result.acquired
+    if result.lost:
+        assert lost == [key]
+    else:
+        assert lost == []
+        assert seen["value"] is not None, "kept a lease the new master does not have"
+    # Locks keep working on the new master.
+    assert service.run_exclusive(key, lambda: "after").result == "after"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+sentinel:///mymaster",
+        "redis+sentinel://127.0.0.1:26379/",
+        "redis+sentinel://127.0.0.1/mymaster",
+        "redis+sentinel://127.0.0.1:26379/mymaster/zero",
+    ],
+)
+def test_a_malformed_sentinel_url_says_how_it_reads(url: str) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_tasklock.backends.redis_urls import client_from_url
+
+    with pytest.raises(ImproperlyConfigured, match="TASKLOCK_REDIS_URL"):
+        client_from_url(url)
