@@ -1,10 +1,14 @@
 """Keeping held leases alive: one daemon thread for the whole process.
 
 Every lease the process holds is scheduled on one heap; the thread sleeps until
-the earliest is due, refreshes it through its backend, and schedules it again
-``refresh_interval`` later. The thread is a daemon (it never keeps the process
-alive at exit), starts on the first lease, is recreated in a forked child, and
-lets go of its connections whenever it has nothing to keep alive.
+the earliest is due, then refreshes every lease due by then (and those due
+within half their interval) with one ``refresh_many`` call per backend, which
+the built-in backends send as one statement per chunk of 500 leases, and
+schedules each again ``refresh_interval`` later. Each lost lease is still
+reported on its own. Releasing never waits for a refresh under way. The
+thread is a daemon (it never keeps the process alive at exit), starts on the
+first lease, is recreated in a forked child, and lets go of its connections
+whenever it has nothing to keep alive.
 
 A lease stops being refreshed when it is released, found lost, or reaches
 ``max_lifetime`` (then a warning is logged and the lease allowed to expire; the
@@ -24,10 +28,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import os
 import threading
 from typing import TYPE_CHECKING
 
+from django_tasklock.backends.base import Refresh
 from django_tasklock.lease import clock
 
 if TYPE_CHECKING:
@@ -38,6 +44,13 @@ logger = logging.getLogger("django_tasklock")
 
 # Closed leases tolerated in the heap before it is compacted.
 _COMPACT_AFTER = 64
+# A lease due within this share of its refresh interval is refreshed with the
+# ones due now (see Heartbeat._next_due).
+_EARLY = 0.5
+# Seconds an idle thread sleeps before looking at the heap again by itself: the
+# shortest refresh interval seen, within these bounds.
+_IDLE_WAKE = 30.0
+_IDLE_WAKE_MIN = 1.0
 
 
 class Heartbeat:
@@ -51,25 +64,35 @@ class Heartbeat:
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Lease]] = []
         self._thread: threading.Thread | None = None
+        # Backends the thread refreshed through since it last went idle: only
+        # those can have connections of the thread's to close.
         self._touched: dict[int, BaseBackend] = {}
         self._closed = 0  # closed leases still in the heap
+        # When the thread next looks at the heap by itself (-inf: it is busy
+        # and will look before sleeping): a new lease due later needs no wake-up.
+        self._wake_at = math.inf
+        self._idle_wake = _IDLE_WAKE
 
     def add(self, lease: Lease) -> None:
+        interval = lease.options.refresh_interval.total_seconds()
         with self._cond:
             heapq.heappush(self._heap, (lease.next_due, next(self._seq), lease))
-            self._touched[id(lease.backend)] = lease.backend
+            if interval < self._idle_wake:
+                self._idle_wake = max(_IDLE_WAKE_MIN, interval)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="django-tasklock-heartbeat", daemon=True
                 )
                 self._thread.start()
-            elif self._heap[0][2] is lease:
+            elif lease.next_due < self._wake_at:
+                self._wake_at = lease.next_due
                 self._cond.notify()  # due before whatever the thread sleeps until
 
     def remove(self, lease: Lease) -> None:
         """Stop refreshing ``lease``; a refresh already under way is disregarded.
 
-        The thread is woken only when nothing is left to keep alive. Closed
+        Never waits for a refresh under way. The thread is woken only when
+        nothing is left to keep alive and it has connections to close. Closed
         leases are dropped when they come due, or all at once when they are
         half the heap (many short locks with a long ttl would otherwise pile
         up until their first refresh is due).
@@ -83,7 +106,7 @@ class Heartbeat:
                 self._heap = [entry for entry in self._heap if not entry[2].closed]
                 heapq.heapify(self._heap)
                 self._closed = 0
-                if not self._heap:
+                if not self._heap and self._touched:
                     self._cond.notify()  # going idle: let the thread close its connections
 
     def watch(self, lease: Lease, pending: PendingRelease) -> None:
@@ -103,8 +126,13 @@ class Heartbeat:
         # parent's to keep alive; the condition may have been held mid-fork.
         self._start_empty()
 
-    def _next_due(self) -> Lease | list[BaseBackend]:
-        """The next lease when it is due; or, on going idle, the backends to close."""
+    def _next_due(self) -> tuple[list[Lease], list[BaseBackend]]:
+        """The leases due now (and those due soon); or, on going idle, the backends to close.
+
+        Leases due within half the first one's refresh interval join it:
+        refreshing a little early costs nothing, and leases taken at different
+        times then share one statement instead of one each.
+        """
         with self._cond:
             while True:
                 while self._heap and self._heap[0][2].closed:
@@ -113,84 +141,138 @@ class Heartbeat:
                 if not self._heap:
                     if self._touched:
                         idle, self._touched = list(self._touched.values()), {}
-                        return idle
-                    self._cond.wait()
+                        return [], idle
+                    # Idle, but looking again every shortest interval seen: a
+                    # new lease is then due after that and needs no wake-up (a
+                    # loop of short locks would otherwise wake the thread for each).
+                    self._wake_at = clock() + self._idle_wake
+                    self._cond.wait(self._idle_wake)
                     continue
-                due = self._heap[0][0] - clock()
-                if due <= 0:
-                    return heapq.heappop(self._heap)[2]
-                self._cond.wait(due)
+                now = clock()
+                if self._heap[0][0] > now:
+                    self._wake_at = self._heap[0][0]
+                    self._cond.wait(self._wake_at - now)
+                    continue
+                self._wake_at = -math.inf
+                # Refreshing early is always safe; the first lease's interval
+                # sets how early, for the price of one look per tick.
+                first = self._heap[0][2].options.refresh_interval.total_seconds()
+                horizon = now + _EARLY * first
+                due: list[Lease] = []
+                while self._heap and self._heap[0][0] <= horizon:
+                    lease = heapq.heappop(self._heap)[2]
+                    if lease.closed:
+                        self._closed = max(0, self._closed - 1)
+                    else:
+                        due.append(lease)
+                return due, []
 
     def _run(self) -> None:
         while True:
-            due = self._next_due()
-            if isinstance(due, list):
-                # Nothing to keep alive: connections this thread opened would
-                # only sit open (and keep test databases from being dropped).
-                for backend in due:
-                    try:
-                        backend.close()
-                    except Exception:  # pragma: no cover - closing is best effort
-                        logger.debug("Closing idle connections failed.", exc_info=True)
-                continue
-            try:
-                again = self._beat(due)
-            except BaseException:  # even SystemExit from a receiver: the thread must go on
-                logger.exception("The django-tasklock heartbeat failed on %r.", due.key)
-                interval = due.options.refresh_interval.total_seconds()
-                due.next_due = max(due.next_due, clock() + interval)
-                again = True
-            if again:
+            due, idle = self._next_due()
+            # Nothing to keep alive: connections this thread opened would only
+            # sit open (and keep test databases from being dropped).
+            for backend in idle:
+                try:
+                    backend.close()
+                except Exception:  # pragma: no cover - closing is best effort
+                    logger.debug("Closing idle connections failed.", exc_info=True)
+            by_backend: dict[int, list[Lease]] = {}
+            for lease in due:
+                by_backend.setdefault(id(lease.backend), []).append(lease)
+            for leases in by_backend.values():
+                try:
+                    again = self._beat(leases)
+                except BaseException:  # even SystemExit from a receiver: the thread must go on
+                    logger.exception(
+                        "The django-tasklock heartbeat failed on %r.", [x.key for x in leases]
+                    )
+                    for lease in leases:
+                        interval = lease.options.refresh_interval.total_seconds()
+                        lease.next_due = max(lease.next_due, clock() + interval)
+                    again = leases
                 with self._cond:
-                    if not due.closed:
-                        heapq.heappush(self._heap, (due.wake_at(), next(self._seq), due))
+                    for lease in again:
+                        if not lease.closed:
+                            heapq.heappush(self._heap, (lease.wake_at(), next(self._seq), lease))
 
-    def _beat(self, lease: Lease) -> bool:
-        """Refresh ``lease`` once. True if it should be refreshed again."""
+    def _beat(self, leases: list[Lease]) -> list[Lease]:
+        """Refresh ``leases`` (all of one backend) in one call; return those to refresh again."""
         now = clock()
-        if lease.pending is not None:
-            if lease.pending.settle():
-                return False  # the caller's transaction ended: released
-            if now < lease.next_due:
-                return True  # only a look: no refresh due yet
-        if now >= lease.deadline:
-            logger.warning(
-                "Task lock %r reached its max_lifetime of %s: no longer refreshed, the lease "
-                "will expire while the work may still be running.",
-                lease.key,
-                lease.options.max_lifetime,
-            )
-            return False
-        interval = lease.options.refresh_interval.total_seconds()
-        lease.next_due = min(now + interval, lease.deadline)
+        backend = leases[0].backend
+        with self._cond:
+            self._touched[id(backend)] = backend  # the thread may open connections now
+        live: list[Lease] = []
+        looked: list[Lease] = []  # waiting for their caller's transaction, not due yet
+        # Seconds of (refresh_interval, ttl) per options object: most leases share one.
+        seconds: dict[int, tuple[float, float]] = {}
+        for lease in leases:
+            if lease.pending is not None:
+                try:
+                    if lease.pending.settle():
+                        continue  # the caller's transaction ended: released
+                except BaseException:  # the thread must go on, and so must the others
+                    logger.exception("The django-tasklock heartbeat failed on %r.", lease.key)
+                    looked.append(lease)
+                    continue
+                if now < lease.next_due:
+                    looked.append(lease)  # only a look: no refresh due yet
+                    continue
+            options = lease.options
+            known = seconds.get(id(options))
+            if known is None:
+                known = seconds[id(options)] = (
+                    options.refresh_interval.total_seconds(),
+                    options.ttl.total_seconds(),
+                )
+            if now >= lease.deadline:
+                logger.warning(
+                    "Task lock %r reached its max_lifetime of %s: no longer refreshed, the "
+                    "lease will expire while the work may still be running.",
+                    lease.key,
+                    lease.options.max_lifetime,
+                )
+                continue
+            lease.next_due = min(now + known[0], lease.deadline)
+            live.append(lease)
+        if not live:
+            return looked
         try:
-            still_ours = lease.backend.refresh(
-                lease.key,
-                lease.token,
-                ttl=lease.options.ttl,
-                max_lifetime=lease.options.max_lifetime,
+            answers = backend.refresh_many(
+                [Refresh(x.key, x.token, x.options.ttl, x.options.max_lifetime) for x in live]
             )
         except Exception:
+            return looked + self._failed(live)
+        again: list[Lease] = looked
+        for lease, still_ours in zip(live, answers, strict=True):
             if lease.closed:
-                return False
-            if clock() > lease.valid_until:
-                logger.warning("Refreshing task lock %r failed.", lease.key, exc_info=True)
+                continue
+            if not still_ours:
+                lease.report_lost("refresh")
+                continue
+            lease.valid_until = min(now + seconds[id(lease.options)][1], lease.deadline)
+            again.append(lease)
+        return again
+
+    def _failed(self, leases: list[Lease]) -> list[Lease]:
+        """After a failed refresh: leases past their known end are lost, the others retried."""
+        now = clock()
+        open_ = [lease for lease in leases if not lease.closed]
+        lost = [lease for lease in open_ if now > lease.valid_until]
+        again = [lease for lease in open_ if now <= lease.valid_until]
+        if lost:
+            logger.warning("Refreshing task lock %r failed.", lost[0].key, exc_info=True)
+            for lease in lost:
                 lease.report_lost("no refresh succeeded before the lease ran out")
-                return False
+        if again:
             logger.warning(
-                "Refreshing task lock %r failed; retrying in %.1f s.",
-                lease.key,
-                interval,
+                "Refreshing task lock %r%s failed; retrying in %.1f s.",
+                again[0].key,
+                f" and {len(again) - 1} more" if len(again) > 1 else "",
+                again[0].options.refresh_interval.total_seconds(),
                 exc_info=True,
             )
-            return True
-        if lease.closed:
-            return False
-        if not still_ours:
-            lease.report_lost("refresh")
-            return False
-        lease.valid_until = min(now + lease.options.ttl.total_seconds(), lease.deadline)
-        return True
+        return again
 
 
 _heartbeat = Heartbeat()

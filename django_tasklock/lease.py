@@ -30,7 +30,24 @@ logger = logging.getLogger("django_tasklock")
 
 def new_token() -> str:
     """An unguessable token that also names this host and process: ``host:pid:secret``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_urlsafe(18)}"
+    return (_token_prefix or _name_this_process()) + secrets.token_urlsafe(18)
+
+
+_token_prefix = ""  # "host:pid:", made on first use and again in a forked child
+
+
+def _name_this_process() -> str:
+    global _token_prefix
+    _token_prefix = f"{socket.gethostname()}:{os.getpid()}:"
+    return _token_prefix
+
+
+def _forget_process_name() -> None:
+    global _token_prefix
+    _token_prefix = ""
+
+
+os.register_at_fork(after_in_child=_forget_process_name)
 
 
 #: Seconds between two looks at a lease waiting for its caller's transaction.

@@ -19,6 +19,7 @@ from typing import Any, TypedDict
 
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 
 from django_tasklock.backends.base import KEY_PREFIX, STALE_AFTER
 from django_tasklock.conf import conf
@@ -181,8 +182,34 @@ class LockOptions:
         ``ValueError`` naming the parameter. ``refresh_interval`` defaults to
         the project's, unless that is not shorter than this call's ttl (a
         project-wide interval cannot know every call's ttl): then, as without
-        one, to a third of the ttl.
+        one, to a third of the ttl. Results from the settings are remembered
+        per argument values (and types, so ``True`` is never taken for ``1``)
+        until ``TASKLOCK_DEFAULTS`` changes (``setting_changed``).
         """
+        if defaults is not None:
+            return cls._resolve(ttl, refresh_interval, max_lifetime, defaults)
+        args = (ttl, refresh_interval, max_lifetime)
+        cache_key = (args, tuple(map(type, args)))
+        try:
+            return _resolved[cache_key]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable argument: the checks below name it
+            return cls._resolve(ttl, refresh_interval, max_lifetime, None)
+        options = cls._resolve(ttl, refresh_interval, max_lifetime, None)
+        if len(_resolved) >= _RESOLVED_MAX:  # callers with ever-new values: do not grow
+            _resolved.clear()
+        _resolved[cache_key] = options
+        return options
+
+    @classmethod
+    def _resolve(
+        cls,
+        ttl: Duration | None,
+        refresh_interval: Duration | None,
+        max_lifetime: Duration | None,
+        defaults: Mapping[str, Any] | None,
+    ) -> LockOptions:
         project = project_defaults(defaults)
 
         def given(name: str, value: Duration | None) -> timedelta | None:
@@ -272,3 +299,18 @@ def validate_flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, not {value!r}")
     return value
+
+
+# LockOptions.resolve's answers from the settings; see _forget_resolved().
+_resolved: dict[tuple[tuple[object, ...], tuple[type, ...]], LockOptions] = {}
+_RESOLVED_MAX = 256
+
+
+def _forget_resolved(*, setting: str, **kwargs: Any) -> None:
+    """Drop remembered options when ``TASKLOCK_DEFAULTS`` changes (``override_settings``)."""
+    if setting == "TASKLOCK_DEFAULTS":
+        _resolved.clear()
+
+
+# Connected here, not in the app's ready(): the cache exists without the app too.
+setting_changed.connect(_forget_resolved, dispatch_uid="django_tasklock.options")

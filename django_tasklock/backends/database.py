@@ -21,7 +21,7 @@ could delete a lease taken over in between.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -34,11 +34,13 @@ from django.db import DatabaseError, Error, IntegrityError, connections, transac
 from django.db.models import F, Q
 from django.db.models.functions import Least
 
+from django_tasklock.backends import db_statements
 from django_tasklock.backends.base import (
     STALE_AFTER,
     BaseBackend,
     HeldLock,
     Holder,
+    Refresh,
     caller_key,
     storage_key,
 )
@@ -121,6 +123,10 @@ class DatabaseBackend(BaseBackend):
         self.using = using
         self._test_leases: set[tuple[str, str]] = set()
         self._test_leases_lock = ForkSafeLock()
+        self._cached_model: type[CacheEntry] | None = None
+        # Per alias, the release DELETEs (live rows, any row), compiled once.
+        self._releases: dict[str, tuple[db_statements.Release, db_statements.Release]] = {}
+        self._lease_lengths: dict[timedelta, Any] = {}  # UtcNow() + length, built once
 
     @classmethod
     def from_settings(cls) -> DatabaseBackend:
@@ -175,7 +181,7 @@ class DatabaseBackend(BaseBackend):
                     model.objects.using(alias).create(
                         key=stored,
                         value=token,
-                        expires_at=UtcNow() + min(ttl, max_lifetime),
+                        expires_at=self._ends_in(min(ttl, max_lifetime)),
                         created_at=UtcNow(),
                     )
             except IntegrityError as exc:
@@ -233,23 +239,57 @@ class DatabaseBackend(BaseBackend):
         return updated == 1
 
     @_names_missing_table
+    @retry_when_busy
+    def refresh_many(self, items: Sequence[Refresh]) -> list[bool]:
+        """One UPDATE per chunk of 500 leases (per ttl and cap, except on PostgreSQL).
+
+        Runs under a statement timeout (``db_statements.REFRESH_TIMEOUT``, 5 s):
+        on PostgreSQL in the same query, elsewhere set once on the calling
+        thread's connection, the heartbeat's own (see ``bound_refreshes``).
+        """
+        stored = [storage_key(item.key) for item in items]
+        in_test = self._test_leases
+        rows = [
+            (key, item.token, item.ttl, item.max_lifetime)
+            for key, item in zip(stored, items, strict=True)
+            if not in_test or (key, item.token) not in in_test
+        ]
+        ours: set[tuple[str, str]] = set()
+        if rows:
+            model = self._model()
+            with alias_for_writing(self.using) as alias:
+                try:
+                    ours = db_statements.refresh(model, alias, rows)
+                except Error:
+                    # A killed or dropped connection: let the next attempt open a new one.
+                    connections[alias].close_if_unusable_or_obsolete()
+                    raise
+        if in_test:
+            with self._test_leases_lock:
+                ours |= self._test_leases
+        return [(key, item.token) in ours for key, item in zip(stored, items, strict=True)]
+
+    @_names_missing_table
     @retry_on_new_connection
     @retry_when_busy
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
-        with self._test_leases_lock:
-            self._test_leases.discard((storage_key(key), token))
+        stored = storage_key(key)
+        if self._test_leases:
+            with self._test_leases_lock:
+                self._test_leases.discard((stored, token))
         with alias_for_writing(self.using) as alias:
-            ours = self._model().objects.using(alias).filter(key=storage_key(key), value=token)
             if min_hold is not None:
                 # Held until created_at + min_hold, by the server's clock: cut the
                 # lease to end then, while that is still ahead; else delete it.
+                ours = self._model().objects.using(alias).filter(key=stored, value=token)
                 young = ours.filter(expires_at__gt=UtcNow(), created_at__gt=UtcNow() - min_hold)
                 if young.update(expires_at=F("created_at") + min_hold):
                     return True
-            if ours.filter(expires_at__gt=UtcNow())._raw_delete(alias):
+            live, any_row = self._release_statements(alias)
+            if live.run(alias, stored, token):
                 return True
             # Not live: lost. Still clear our own expired row, if it is there.
-            ours._raw_delete(alias)
+            any_row.run(alias, stored, token)
             return False
 
     @_names_missing_table
@@ -306,7 +346,32 @@ class DatabaseBackend(BaseBackend):
 
     # -- helpers -----------------------------------------------------------
 
+    def _release_statements(
+        self, alias: str
+    ) -> tuple[db_statements.Release, db_statements.Release]:
+        """The token DELETEs for ``alias``, compiled on first use (again if its engine changed)."""
+        compiled = self._releases.get(alias)
+        if compiled is None or compiled[0].engine != connections[alias].settings_dict["ENGINE"]:
+            model = self._model()
+            compiled = (
+                db_statements.Release(model, alias, live_only=True),
+                db_statements.Release(model, alias, live_only=False),
+            )
+            self._releases[alias] = compiled
+        return compiled
+
+    def _ends_in(self, length: timedelta) -> Any:
+        """``UtcNow() + length``, one expression per length (the ORM copies it to resolve it)."""
+        expression = self._lease_lengths.get(length)
+        if expression is None:
+            if len(self._lease_lengths) > 64:  # callers with ever-new ttls: do not grow
+                self._lease_lengths.clear()
+            expression = self._lease_lengths[length] = UtcNow() + length
+        return expression
+
     def _model(self) -> type[CacheEntry]:
+        if self._cached_model is not None:
+            return self._cached_model
         if not apps.is_installed("django_tasklock"):
             raise ImproperlyConfigured(
                 'The database backend of django-tasklock needs "django_tasklock" in '
@@ -314,6 +379,7 @@ class DatabaseBackend(BaseBackend):
             )
         from django_tasklock.models import CacheEntry
 
+        self._cached_model = CacheEntry
         return CacheEntry
 
     def _live(self, alias: str) -> QuerySet[CacheEntry]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from django_tasklock.backends.base import (
     BaseBackend,
     HeldLock,
     Holder,
+    Refresh,
     caller_key,
     storage_key,
 )
@@ -70,7 +72,8 @@ local function is_free(key, now, stale_ms)
 end
 """
 
-# Each script takes KEYS[1], the stored key.
+# Each script but "refresh_many" takes KEYS[1], the stored key ("fence" also
+# KEYS[2], the key's counter).
 #: Fence counters live outside the lock namespace (``task-lock:``), so that
 #: SCAN-based listing and sweeping never see them; they have no TTL.
 FENCE_PREFIX = "tasklock-fence:"
@@ -93,6 +96,24 @@ if token ~= ARGV[1] then return 0 end
 local left = math.min(tonumber(ARGV[2]), at + tonumber(ARGV[3]) - now_ms())
 if left > 0 then redis.call('PEXPIRE', KEYS[1], left) end
 return 1
+""",
+    # KEYS: many stored keys; ARGV: token, ttl_ms, max_lifetime_ms for each.
+    # One reply per key, as "refresh" would give.
+    "refresh_many": """
+local now = now_ms()
+local out = {}
+for i, key in ipairs(KEYS) do
+  local arg = (i - 1) * 3
+  local token, at = parse(redis.pcall('GET', key))
+  if token ~= ARGV[arg + 1] then
+    out[i] = 0
+  else
+    local left = math.min(tonumber(ARGV[arg + 2]), at + tonumber(ARGV[arg + 3]) - now)
+    if left > 0 then redis.call('PEXPIRE', key, left) end
+    out[i] = 1
+  end
+end
+return out
 """,
     # ARGV: token, min_hold_ms (0: none). 1 if ended (deleted, or cut to end at
     # acquisition + min_hold while that is still ahead).
@@ -138,6 +159,8 @@ return 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _STALE_MS = int(STALE_AFTER / timedelta(milliseconds=1))
 _BATCH = 500
+#: Most leases one refresh script carries.
+REFRESH_CHUNK = 500
 
 
 def _ms(duration: timedelta) -> int:
@@ -271,8 +294,18 @@ class RedisBackend(BaseBackend):
         return connection
 
     def _run(self, name: str, key: str | bytes, *args: Any, client: Any = None) -> Any:
-        self._conn()
-        return self._scripts[name](keys=[key], args=args, client=client)
+        connection = self._conn()
+        script = self._scripts[name]
+        if client is not None:  # a pipeline, which loads missing scripts before sending
+            return script(keys=[key], args=args, client=client)
+        from redis.exceptions import NoScriptError  # loaded by _conn: a dict lookup
+
+        # EVALSHA sent directly: what Script.__call__ sends, minus its per-call work.
+        try:
+            return connection.evalsha(script.sha, 1, key, *args)
+        except NoScriptError:  # a restart or SCRIPT FLUSH emptied the server's cache
+            script.sha = connection.script_load(script.script)
+            return connection.evalsha(script.sha, 1, key, *args)
 
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         """``SET NX PX`` by the server clock; also takes over a key abandoned for 24 h.
@@ -288,6 +321,25 @@ class RedisBackend(BaseBackend):
         A lease that expired is gone from Redis, so it is reported lost, never revived.
         """
         return bool(self._run("refresh", storage_key(key), token, _ms(ttl), _ms(max_lifetime)))
+
+    def refresh_many(self, items: Sequence[Refresh]) -> list[bool]:
+        """One EVALSHA per chunk of 500 leases, each judged as :meth:`refresh` would.
+
+        A Redis that stops answering fails the call after the connection's
+        socket timeout (10 s for a ``url``; a django-redis cache's own otherwise).
+        """
+        answers: list[bool] = []
+        for start in range(0, len(items), REFRESH_CHUNK):
+            chunk = items[start : start + REFRESH_CHUNK]
+            args: list[Any] = []
+            for item in chunk:
+                args += (item.token, _ms(item.ttl), _ms(item.max_lifetime))
+            self._conn()
+            replies = self._scripts["refresh_many"](
+                keys=[storage_key(item.key) for item in chunk], args=args
+            )
+            answers += [bool(reply) for reply in replies]
+        return answers
 
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
         """Delete the lease held by ``token``; with ``min_hold``, ``PEXPIRE`` it to end

@@ -1,0 +1,193 @@
+"""The heartbeat under load: statements per tick, its thread's CPU, lost leases; release latency.
+
+Many leases are set up in bulk (one multi-row INSERT, not what is measured) and
+handed to the process's heartbeat as ``run_exclusive`` would. Statements are
+counted at the heartbeat's connection (Django's ``execute_wrapper`` around each
+``refresh_many`` call: one call per backend per tick); the thread's CPU time
+is read from ``/proc`` (Linux).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import statistics
+import time
+from typing import Any
+
+from servers import RUN, log
+from timing import percentile
+
+from django_tasklock.backends.database import DatabaseBackend
+
+
+class CountingBackend(DatabaseBackend):
+    """The database backend, recording per ``refresh_many`` call: leases, statements, seconds."""
+
+    def __init__(self, using: str) -> None:
+        super().__init__(using=using)
+        self.ticks: list[tuple[int, int, float]] = []
+
+    def refresh_many(self, items: Any) -> list[bool]:
+        from django.db import connections
+
+        sent = [0]
+
+        def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            sent[0] += 1
+            return execute(sql, params, many, context)
+
+        started = time.perf_counter()
+        with connections[self.using].execute_wrapper(count):
+            answers = super().refresh_many(items)
+        self.ticks.append((len(items), sent[0], time.perf_counter() - started))
+        return answers
+
+
+def _lease_class() -> Any:
+    try:
+        from django_tasklock.heartbeat import Lease
+    except ImportError:  # pragma: no cover - the class may live in a module of its own
+        from django_tasklock.lease import Lease  # type: ignore[no-redef]
+    return Lease
+
+
+def hold_many(backend: DatabaseBackend, count: int, ttl: float, interval: float) -> list[Any]:
+    """``count`` leases held by this process and kept alive by its heartbeat."""
+    from django.db.models.functions import Now
+
+    from django_tasklock.backends.base import Holder, storage_key
+    from django_tasklock.heartbeat import heartbeat
+    from django_tasklock.models import CacheEntry
+    from django_tasklock.options import LockOptions
+
+    options = LockOptions.resolve(ttl=ttl, refresh_interval=interval)
+    host = f"bench:{os.getpid()}:"
+    tokens = {
+        f"{RUN}held-{secrets.token_hex(4)}-{n}": host + secrets.token_urlsafe(18)
+        for n in range(count)
+    }
+    rows = [
+        CacheEntry(key=storage_key(k), value=t, expires_at=Now() + options.ttl, created_at=Now())
+        for k, t in tokens.items()
+    ]
+    try:  # the heartbeat's own clock (one that counts suspend, where there is one)
+        from django_tasklock.heartbeat import clock
+    except ImportError:  # pragma: no cover - older versions
+        clock = time.monotonic
+    asked_at = clock()
+    CacheEntry.objects.using(backend.using).bulk_create(rows, batch_size=1000)
+    lease_class = _lease_class()
+    leases = [
+        lease_class(backend, k, t, Holder.from_token(t), options, asked_at=asked_at)
+        for k, t in tokens.items()
+    ]
+    for lease in leases:
+        heartbeat().add(lease)
+    return leases
+
+
+def let_go(backend: DatabaseBackend, leases: list[Any]) -> None:
+    from django_tasklock.heartbeat import heartbeat
+    from django_tasklock.models import CacheEntry
+
+    for lease in leases:
+        heartbeat().remove(lease)
+    CacheEntry.objects.using(backend.using).filter(
+        key__startswith=f"task-lock:{RUN}held-"
+    ).delete()
+
+
+def _thread_cpu_seconds(native_id: int) -> float:
+    with open(f"/proc/self/task/{native_id}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def heartbeat_load(
+    alias: str, count: int, *, window: float, interval: float = 1.0
+) -> dict[str, Any]:
+    """Hold ``count`` leases (ttl 30 s) for ``window`` seconds; what the heartbeat did."""
+    from django_tasklock.heartbeat import heartbeat
+
+    backend = CountingBackend(alias)
+    leases = hold_many(backend, count, ttl=30, interval=interval)
+    try:
+        thread = heartbeat()._thread
+        if thread is None or thread.native_id is None:
+            raise RuntimeError("the heartbeat thread did not start")
+        time.sleep(interval * 1.2)  # the first tick (it also sets the statement timeout)
+        first = list(backend.ticks)
+        cpu, start = _thread_cpu_seconds(thread.native_id), time.monotonic()
+        time.sleep(window)
+        cpu = _thread_cpu_seconds(thread.native_id) - cpu
+        elapsed = time.monotonic() - start
+        steady = backend.ticks[len(first) :]
+        lost = sum(lease.lost for lease in leases)
+    finally:
+        let_go(backend, leases)
+    statements = [sent for _, sent, _ in steady] or [0]
+    out = {
+        "locks": count,
+        "refresh_interval_s": interval,
+        "ticks": len(steady),
+        "statements_per_tick": max(statements),
+        "first_tick_statements": sum(sent for _, sent, _ in first),
+        "leases_per_tick": max((n for n, _, _ in steady), default=0),
+        "tick_ms_median": round(1000 * statistics.median(s for *_, s in steady), 1)
+        if steady
+        else None,
+        "thread_cpu_percent": round(100 * cpu / elapsed, 1),
+        "lost": lost,
+    }
+    log(f"  heartbeat {count} leases: {out}")
+    return out
+
+
+def release_latency(alias: str, interval: float, cycles: int, background: int) -> dict[str, float]:
+    """Release p99 of ``run_exclusive`` while ``background`` leases at ``interval`` keep the
+    heartbeat busy; beside it, the same token DELETE sent raw (one round trip)."""
+    from django.db import connections
+
+    from django_tasklock.service import TaskLockService
+
+    backend = DatabaseBackend(using=alias)
+    service = TaskLockService(backend)
+    held = hold_many(backend, background, ttl=3 * interval, interval=interval)
+    ended: list[float] = []
+
+    def work() -> None:
+        ended.append(time.perf_counter())
+
+    ours: list[float] = []
+    raw: list[float] = []
+    cursor = connections[alias].cursor()
+    try:
+        for n in range(cycles):
+            service.run_exclusive(
+                f"{RUN}release", work, ttl=3 * interval, refresh_interval=interval
+            )
+            ours.append(time.perf_counter() - ended[-1])
+            key = f"{RUN}raw-release-{n}"
+            cursor.execute(
+                "INSERT INTO cache_entries (key, value, expires_at, created_at) "
+                "VALUES (%s, 'x', CURRENT_TIMESTAMP + INTERVAL '1 minute', CURRENT_TIMESTAMP)"
+                if connections[alias].vendor == "postgresql"
+                else "INSERT INTO cache_entries (key, value, expires_at, created_at) "
+                "VALUES (%s, 'x', '2999-01-01', '2000-01-01')",
+                [key],
+            )
+            started = time.perf_counter()
+            cursor.execute("DELETE FROM cache_entries WHERE key = %s AND value = 'x'", [key])
+            raw.append(time.perf_counter() - started)
+    finally:
+        cursor.close()
+        let_go(backend, held)
+    out = {
+        "p50_ms": round(1000 * statistics.median(ours), 2),
+        "p99_ms": round(1000 * percentile(ours, 0.99), 2),
+        "round_trip_p50_ms": round(1000 * statistics.median(raw), 2),
+        "round_trip_p99_ms": round(1000 * percentile(raw, 0.99), 2),
+    }
+    log(f"  release at refresh_interval {interval} s: {out}")
+    return out

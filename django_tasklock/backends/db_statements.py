@@ -1,0 +1,200 @@
+"""Statements of the database backend that are built once, not per call.
+
+The per-call cost of a lock is meant to be the storage's: building a queryset,
+cloning it for each ``filter()`` and compiling it again for every release costs
+more than the DELETE itself on a fast database. So the release's DELETE is
+compiled here once per connection (by the ORM's own compiler: the very SQL
+``QuerySet._raw_delete`` sends) and only its parameters change per call.
+
+The heartbeat's batch refresh is one UPDATE per chunk of leases. PostgreSQL
+gets ``UPDATE ... FROM json_array_elements(...) RETURNING``, which carries each lease's own
+ttl and cap; other databases get one ORM UPDATE per chunk of leases that share
+a ttl and a cap, then, only when fewer rows changed than were asked, one SELECT
+to tell which are still ours.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+from django.db.models import F, Q, sql
+from django.db.models.functions import Least
+
+from django_tasklock.backends.db_functions import UtcNow
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from django_tasklock.models import CacheEntry
+
+#: Most leases one refresh statement carries.
+REFRESH_CHUNK = 500
+#: A refresh statement running longer than this is cancelled by the server, so
+#: that one stalled statement cannot hold up the other leases' refreshes.
+REFRESH_TIMEOUT = timedelta(seconds=5)
+
+_TIMEOUT_MS = int(REFRESH_TIMEOUT.total_seconds() * 1000)
+_KEY, _TOKEN = "\x00tasklock-key\x00", "\x00tasklock-token\x00"
+
+# Raw connections already given the refresh timeout (a new one after a reconnect is not).
+_bounded: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class Release:
+    """The release DELETE of one connection, compiled once: ``run(key, token)`` -> rows."""
+
+    def __init__(self, model: type[CacheEntry], alias: str, *, live_only: bool) -> None:
+        rows = model.objects.using(alias).filter(key=_KEY, value=_TOKEN)
+        if live_only:
+            rows = rows.filter(expires_at__gt=UtcNow())
+        query = rows.query.chain(sql.DeleteQuery)
+        self.sql, params = query.get_compiler(alias).as_sql()
+        positions = {_KEY: 0, _TOKEN: 1}
+        self._order = [positions[p] for p in params]  # where the key and the token go
+        self.engine = connections[alias].settings_dict["ENGINE"]
+
+    def params(self, stored: str, token: str) -> list[str]:
+        """The parameters of :attr:`sql` for this key and token, in the compiler's order."""
+        values = (stored, token)
+        return [values[i] for i in self._order]
+
+    def run(self, alias: str, stored: str, token: str) -> int:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(self.sql, self.params(stored, token))
+            return int(cursor.rowcount)
+
+
+def _client_side_binding(connection: BaseDatabaseWrapper) -> bool:
+    """Whether statements go as one simple query with the values inlined (Django's default)."""
+    return not connection.settings_dict.get("OPTIONS", {}).get("server_side_binding")
+
+
+def bound_refreshes(connection: BaseDatabaseWrapper) -> None:
+    """Give ``connection`` the refresh timeout where the statement cannot carry it itself.
+
+    PostgreSQL with Django's default client-side binding needs nothing here:
+    each refresh is sent as ``SET LOCAL statement_timeout …; UPDATE …`` in one
+    query, which the server runs as one implicit transaction, so the timeout
+    ends with it (safe behind PgBouncer in transaction pooling). With
+    ``server_side_binding`` (already unsafe behind such a pooler) and on
+    MariaDB it is a session setting, sent once per server connection on the
+    heartbeat's own connection. SQLite waits for its lock at most its
+    ``timeout`` option (5 s by default).
+    """
+    if connection.vendor == "postgresql":
+        if _client_side_binding(connection):
+            return
+        statement = f"SET statement_timeout = {_TIMEOUT_MS}"
+    elif connection.vendor == "mysql" and getattr(connection, "mysql_is_mariadb", False):
+        statement = f"SET SESSION max_statement_time = {REFRESH_TIMEOUT.total_seconds()}"
+    else:
+        return
+    connection.ensure_connection()
+    raw = connection.connection
+    if raw in _bounded:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(statement)
+    _bounded.add(raw)
+
+
+Row = tuple[str, str, timedelta, timedelta]  # stored key, token, ttl, max_lifetime
+
+
+def refresh(model: type[CacheEntry], alias: str, rows: Sequence[Row]) -> set[tuple[str, str]]:
+    """Extend ``rows`` where still held by their token: the (stored key, token) pairs still ours.
+
+    One statement per chunk (per ttl and cap outside PostgreSQL), under the
+    refresh timeout.
+    """
+    connection = connections[alias]
+    bound_refreshes(connection)
+    ours: set[tuple[str, str]] = set()
+    if connection.vendor == "postgresql":
+        for chunk in chunks(rows, REFRESH_CHUNK):
+            ours |= refresh_postgres(model, alias, chunk)
+        return ours
+    groups: dict[tuple[timedelta, timedelta], list[tuple[str, str]]] = {}
+    for key, token, ttl, cap in rows:
+        groups.setdefault((ttl, cap), []).append((key, token))
+    for (ttl, cap), pairs in groups.items():
+        for pairs_chunk in chunks(pairs, portable_chunk(connection)):
+            ours |= refresh_portable(model, alias, pairs_chunk, ttl=ttl, max_lifetime=cap)
+    return ours
+
+
+def chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+def refresh_postgres(
+    model: type[CacheEntry], alias: str, rows: Sequence[Row]
+) -> set[tuple[str, str]]:
+    """One UPDATE for ``rows`` of (stored key, token, ttl, max_lifetime): the pairs still ours."""
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    statement = (
+        f"UPDATE {table} AS e SET {quote('expires_at')} = LEAST("
+        "STATEMENT_TIMESTAMP() + make_interval(secs => u.t), "
+        f"e.{quote('created_at')} + make_interval(secs => u.c)) "
+        "FROM (SELECT x->>0 AS k, x->>1 AS v, (x->>2)::float8 AS t, (x->>3)::float8 AS c "
+        "FROM json_array_elements(%s::json) AS x) AS u "
+        f"WHERE e.{quote('key')} = u.k AND e.{quote('value')} = u.v "
+        f"AND e.{quote('expires_at')} > STATEMENT_TIMESTAMP() "
+        f"RETURNING e.{quote('key')}, e.{quote('value')}"
+    )
+    # One JSON text, not four arrays: the driver then quotes one string instead
+    # of each element, which was most of the heartbeat's CPU for many leases.
+    seconds: dict[timedelta, float] = {}
+    payload = json.dumps(
+        [
+            [
+                key,
+                token,
+                seconds.get(ttl) or seconds.setdefault(ttl, ttl.total_seconds()),
+                seconds.get(cap) or seconds.setdefault(cap, cap.total_seconds()),
+            ]
+            for key, token, ttl, cap in rows
+        ]
+    )
+    inline = _client_side_binding(connection)
+    if inline:  # one query, one implicit transaction: the timeout ends with it
+        statement = f"SET LOCAL statement_timeout = {_TIMEOUT_MS}; {statement}"
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [payload])
+        if inline:
+            cursor.nextset()  # past the SET's empty result
+        return {(key, value) for key, value in cursor.fetchall()}
+
+
+def refresh_portable(
+    model: type[CacheEntry],
+    alias: str,
+    rows: Sequence[tuple[str, str]],
+    *,
+    ttl: timedelta,
+    max_lifetime: timedelta,
+) -> set[tuple[str, str]]:
+    """One UPDATE for ``rows`` of (stored key, token) sharing a ttl and cap: the pairs still ours.
+
+    When every row was updated that is the answer; otherwise one SELECT of the
+    rows still ours and live says which (a row the UPDATE extended stays live).
+    """
+    ours = Q(*(Q(key=key, value=token) for key, token in rows), _connector=Q.OR)
+    live = model.objects.using(alias).filter(ours, expires_at__gt=UtcNow())
+    updated = live.update(expires_at=Least(UtcNow() + ttl, F("created_at") + max_lifetime))
+    if updated == len(rows):
+        return set(rows)
+    return set(live.values_list("key", "value"))
+
+
+def portable_chunk(connection: BaseDatabaseWrapper) -> int:
+    """Leases per portable UPDATE: two parameters each, within the database's limit."""
+    limit = connection.features.max_query_params
+    return REFRESH_CHUNK if limit is None else max(1, min(REFRESH_CHUNK, limit // 2 - 8))

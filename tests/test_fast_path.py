@@ -1,0 +1,47 @@
+"""What the fast path remembers follows the settings and the process."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+
+from django_tasklock.options import DEFAULT_TTL, LockOptions
+
+
+def test_remembered_options_follow_tasklock_defaults() -> None:
+    assert LockOptions.resolve().ttl == DEFAULT_TTL
+    with override_settings(TASKLOCK_DEFAULTS={"ttl": 60}):
+        assert LockOptions.resolve().ttl == timedelta(seconds=60)
+        assert LockOptions.resolve(ttl=30).refresh_interval == timedelta(seconds=10)
+    assert LockOptions.resolve().ttl == DEFAULT_TTL
+    assert LockOptions.resolve(ttl=30).refresh_interval == timedelta(seconds=10)
+
+
+def test_remembered_options_never_take_true_for_one() -> None:
+    assert LockOptions.resolve(ttl=1).ttl == timedelta(seconds=1)
+    with pytest.raises(TypeError, match="ttl"):
+        LockOptions.resolve(ttl=True)
+
+
+def test_unhashable_options_are_refused_by_name() -> None:
+    with pytest.raises(TypeError, match="refresh_interval"):
+        LockOptions.resolve(refresh_interval=[1])  # type: ignore[arg-type]
+
+
+def test_a_loop_of_short_locks_does_not_wake_the_heartbeat_per_lock() -> None:
+    import threading
+    from unittest import mock
+
+    from django_tasklock.backends.memory import MemoryBackend
+    from django_tasklock.heartbeat import heartbeat
+    from django_tasklock.service import TaskLockService
+
+    service = TaskLockService(MemoryBackend())
+    service.run_exclusive("wake-up", lambda: None, ttl=60)  # the thread runs and settles
+    threading.Event().wait(0.2)
+    with mock.patch.object(heartbeat()._cond, "notify", wraps=heartbeat()._cond.notify) as woken:
+        for n in range(200):
+            assert service.run_exclusive(f"short-{n}", lambda: None, ttl=60).acquired
+    assert woken.call_count <= 2
