@@ -20,17 +20,16 @@ could delete a lease taken over in between.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, Error, IntegrityError, connections, transaction
+from django.db import Error, IntegrityError, connections, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Least
 
@@ -49,6 +48,7 @@ from django_tasklock.backends.db_connections import (
     close_connections,
     in_test_transaction,
     is_key_conflict,
+    names_missing_table,
 )
 from django_tasklock.backends.db_fences import (
     next_fence_in_transaction,
@@ -65,39 +65,6 @@ if TYPE_CHECKING:
     from django.db.models import QuerySet
 
     from django_tasklock.models import CacheEntry
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-# How each database says a table does not exist (SQLite, PostgreSQL, MySQL/MariaDB).
-_NO_TABLE = ("no such table", "does not exist", "doesn't exist")
-
-
-def _names_missing_table(method: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Turn "no such table: cache_entries" into an error that says to migrate.
-
-    Only the error path looks at the exception: the statements that succeed
-    cost nothing more.
-    """
-
-    @functools.wraps(method)
-    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        try:
-            return method(*args, **kwargs)
-        except DatabaseError as exc:
-            using = args[0].using  # type: ignore[attr-defined]  # the backend
-            text = str(exc).lower()
-            # CacheEntry's and FenceCounter's tables (the latter since migration 0003).
-            for table in ("cache_entries", "tasklock_fences"):
-                if table in text and any(words in text for words in _NO_TABLE):
-                    option = "" if using == "default" else f" --database {using}"
-                    raise ImproperlyConfigured(
-                        f"The {table} table of django-tasklock is missing from the database "
-                        f"{using!r}: run `python manage.py migrate django_tasklock{option}`."
-                    ) from exc
-            raise
-
-    return wrapper
-
 
 # Attempts at the INSERT when the key keeps changing hands between our INSERT
 # and our look at the row (or an abandoned row is taken over).
@@ -165,7 +132,7 @@ class DatabaseBackend(BaseBackend):
 
     # -- the contract ------------------------------------------------------
 
-    @_names_missing_table
+    @names_missing_table
     @retry_when_busy
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         with alias_for_writing(self.using) as alias:
@@ -216,7 +183,7 @@ class DatabaseBackend(BaseBackend):
         # The key changed hands at every attempt: it was held each time we asked.
         return False
 
-    @_names_missing_table
+    @names_missing_table
     @retry_when_busy
     def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         stored = storage_key(key)
@@ -238,7 +205,7 @@ class DatabaseBackend(BaseBackend):
                 raise
         return updated == 1
 
-    @_names_missing_table
+    @names_missing_table
     @retry_when_busy
     def refresh_many(self, items: Sequence[Refresh]) -> list[bool]:
         """One UPDATE per chunk of 500 leases (per ttl and cap, except on PostgreSQL).
@@ -269,7 +236,7 @@ class DatabaseBackend(BaseBackend):
                 ours |= self._test_leases
         return [(key, item.token) in ours for key, item in zip(stored, items, strict=True)]
 
-    @_names_missing_table
+    @names_missing_table
     @retry_on_new_connection
     @retry_when_busy
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
@@ -292,7 +259,7 @@ class DatabaseBackend(BaseBackend):
             any_row.run(alias, stored, token)
             return False
 
-    @_names_missing_table
+    @names_missing_table
     @retry_when_busy  # not on a new connection: a fence sent twice would count twice
     def fence(self, key: str, token: str) -> int | None:
         """Increment ``tasklock_fences`` for ``key`` while ``token`` holds the live row.
@@ -314,7 +281,7 @@ class DatabaseBackend(BaseBackend):
                 return next_fence_upsert(alias, key, held)
             return next_fence_in_transaction(alias, key, held)
 
-    @_names_missing_table
+    @names_missing_table
     @retry_on_new_connection
     @retry_when_busy
     def force_release(self, key: str) -> bool:
@@ -323,18 +290,18 @@ class DatabaseBackend(BaseBackend):
                 self._model().objects.using(alias).filter(key=storage_key(key))._raw_delete(alias)
             )
 
-    @_names_missing_table
+    @names_missing_table
     def peek(self, key: str) -> HeldLock | None:
         with self._reading() as alias:
             found = self._live(alias).filter(key=storage_key(key)).first()
         return _held(found) if found is not None else None
 
-    @_names_missing_table
+    @names_missing_table
     def list(self) -> list[HeldLock]:
         with self._reading() as alias:
             return [_held(row) for row in self._live(alias).order_by("key")]
 
-    @_names_missing_table
+    @names_missing_table
     @retry_when_busy
     def clear_stale(self, *, dry_run: bool = False) -> int:
         with alias_for_writing(self.using) as alias:

@@ -17,14 +17,15 @@ it was opened for, whatever ``CONN_MAX_AGE`` says, so nothing is left for
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import Error, connections
+from django.db import DatabaseError, Error, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import load_backend
 from django.utils.connection import ConnectionDoesNotExist
@@ -164,3 +165,36 @@ def is_key_conflict(exc: Exception) -> bool:
         return True
     text = str(exc).lower()
     return "unique" in text or "duplicate" in text
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+# How each database says a table does not exist (SQLite, PostgreSQL, MySQL/MariaDB).
+_NO_TABLE = ("no such table", "does not exist", "doesn't exist")
+
+
+def names_missing_table(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Turn "no such table: cache_entries" into an error that says to migrate.
+
+    Only the error path looks at the exception: the statements that succeed
+    cost nothing more.
+    """
+
+    @functools.wraps(method)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except DatabaseError as exc:
+            using = args[0].using  # type: ignore[attr-defined]  # the backend
+            text = str(exc).lower()
+            # CacheEntry's and FenceCounter's tables (the latter since migration 0003).
+            for table in ("cache_entries", "tasklock_fences"):
+                if table in text and any(words in text for words in _NO_TABLE):
+                    option = "" if using == "default" else f" --database {using}"
+                    raise ImproperlyConfigured(
+                        f"The {table} table of django-tasklock is missing from the database "
+                        f"{using!r}: run `python manage.py migrate django_tasklock{option}`."
+                    ) from exc
+            raise
+
+    return wrapper

@@ -38,6 +38,7 @@ from django_tasklock.backends.base import (
     storage_key,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
+from django_tasklock.backends.redis_scripts import FENCE_PREFIX, PRELUDE, SCRIPTS
 from django_tasklock.backends.redis_urls import client_from_url
 
 if TYPE_CHECKING:
@@ -50,112 +51,6 @@ if TYPE_CHECKING:
 #: How to get redis-py and django-redis, for messages: quoted for zsh.
 INSTALL_HINT = "pip install 'django-tasklock[redis]' (from a checkout: pip install '.[redis]')"
 
-_PRELUDE = """
--- Lets Redis < 5 replicate writes made after the non-deterministic TIME.
-if redis.replicate_commands then redis.replicate_commands() end
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
--- token, acquired_ms of a value written here; nil for anything else.
-local function parse(value)
-  if type(value) ~= 'string' then return nil end
-  local token, ms = string.match(value, '^(.*)@(%d+)$')
-  if not token then return nil end
-  return token, tonumber(ms)
-end
-local function is_free(key, now, stale_ms)
-  local pttl = redis.call('PTTL', key)
-  if pttl < 0 then return pttl == -1 end  -- -2: gone; -1: no TTL
-  local _, at = parse(redis.pcall('GET', key))
-  return at ~= nil and now - at > stale_ms
-end
-"""
-
-# Each script but "refresh_many" takes KEYS[1], the stored key ("fence" also
-# KEYS[2], the key's counter).
-#: Fence counters live outside the lock namespace (``task-lock:``), so that
-#: SCAN-based listing and sweeping never see them; they have no TTL.
-FENCE_PREFIX = "tasklock-fence:"
-_SCRIPTS = {
-    # ARGV: token, lease_ms, stale_ms. 1 if acquired.
-    "acquire": """
-local now = now_ms()
-local value = ARGV[1] .. '@' .. string.format('%.0f', now)
-if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then return 1 end
-if is_free(KEYS[1], now, tonumber(ARGV[3])) then
-  redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-  return 1
-end
-return 0
-""",
-    # ARGV: token, ttl_ms, max_lifetime_ms. 0 if the lease is lost.
-    "refresh": """
-local token, at = parse(redis.pcall('GET', KEYS[1]))
-if token ~= ARGV[1] then return 0 end
-local left = math.min(tonumber(ARGV[2]), at + tonumber(ARGV[3]) - now_ms())
-if left > 0 then redis.call('PEXPIRE', KEYS[1], left) end
-return 1
-""",
-    # KEYS: many stored keys; ARGV: token, ttl_ms, max_lifetime_ms for each.
-    # One reply per key, as "refresh" would give.
-    "refresh_many": """
-local now = now_ms()
-local out = {}
-for i, key in ipairs(KEYS) do
-  local arg = (i - 1) * 3
-  local token, at = parse(redis.pcall('GET', key))
-  if token ~= ARGV[arg + 1] then
-    out[i] = 0
-  else
-    local left = math.min(tonumber(ARGV[arg + 2]), at + tonumber(ARGV[arg + 3]) - now)
-    if left > 0 then redis.call('PEXPIRE', key, left) end
-    out[i] = 1
-  end
-end
-return out
-""",
-    # ARGV: token, min_hold_ms (0: none). 1 if ended (deleted, or cut to end at
-    # acquisition + min_hold while that is still ahead).
-    "release": """
-local token, at = parse(redis.pcall('GET', KEYS[1]))
-if token ~= ARGV[1] then return 0 end
-local hold = tonumber(ARGV[2])
-if hold > 0 then
-  local left = at + hold - now_ms()
-  if left > 0 then
-    redis.call('PEXPIRE', KEYS[1], left)
-    return 1
-  end
-end
-return redis.call('DEL', KEYS[1])
-""",
-    # KEYS[2]: the fence counter. ARGV: token, stale_ms. The key's next fencing
-    # token while ARGV[1] holds the live lease, else nil.
-    "fence": """
-local token = parse(redis.pcall('GET', KEYS[1]))
-if token ~= ARGV[1] or is_free(KEYS[1], now_ms(), tonumber(ARGV[2])) then return nil end
-return redis.call('INCR', KEYS[2])
-""",
-    # ARGV: stale_ms. nil if free, else {token, acquired_ms, pttl, now_ms}; a value
-    # not written here gives itself as the token and the time of reading.
-    "inspect": """
-local now = now_ms()
-if redis.call('EXISTS', KEYS[1]) == 0 or is_free(KEYS[1], now, tonumber(ARGV[1])) then
-  return nil
-end
-local value = redis.pcall('GET', KEYS[1])
-local token, at = parse(value)
-if not token then token = type(value) == 'string' and value or '' end
-return {token, at or now, redis.call('PTTL', KEYS[1]), now}
-""",
-    # ARGV: stale_ms, '1' to delete. 1 if the key is free (and now deleted).
-    "clear": """
-if not is_free(KEYS[1], now_ms(), tonumber(ARGV[1])) then return 0 end
-if ARGV[2] == '1' then redis.call('DEL', KEYS[1]) end
-return 1
-""",
-}
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _STALE_MS = int(STALE_AFTER / timedelta(milliseconds=1))
 _BATCH = 500
@@ -262,8 +157,8 @@ class RedisBackend(BaseBackend):
                         self._client = self._connect()
                     # register_script calls EVALSHA and reloads the script on NOSCRIPT.
                     self._scripts = {
-                        name: self._client.register_script(_PRELUDE + body)
-                        for name, body in _SCRIPTS.items()
+                        name: self._client.register_script(PRELUDE + body)
+                        for name, body in SCRIPTS.items()
                     }
         assert self._client is not None
         return self._client
