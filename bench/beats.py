@@ -15,6 +15,7 @@ import statistics
 import time
 from typing import Any
 
+from django.db import OperationalError
 from servers import RUN, log
 from timing import percentile
 
@@ -93,9 +94,17 @@ def let_go(backend: DatabaseBackend, leases: list[Any]) -> None:
 
     for lease in leases:
         heartbeat().remove(lease)
-    CacheEntry.objects.using(backend.using).filter(
-        key__startswith=f"task-lock:{RUN}held-"
-    ).delete()
+    rows = CacheEntry.objects.using(backend.using).filter(key__startswith=f"task-lock:{RUN}held-")
+    # A tick already under way still sends its remaining chunks; on PostgreSQL
+    # one bulk DELETE against those UPDATEs can deadlock: try again after it.
+    for attempt in range(5):
+        try:
+            rows._raw_delete(backend.using)
+            return
+        except OperationalError:
+            if attempt == 4:
+                raise
+            time.sleep(1)
 
 
 def _thread_cpu_seconds(native_id: int) -> float:
