@@ -66,11 +66,15 @@ def service_url(name: str, env: str) -> str | None:
     url = os.environ.get(env) or _from_container(name)
     if url:
         return url
-    reason = f"{name} not available: set {env} or make a Docker engine reachable"
+    _missing(name, f"{name} not available: set {env} or make a Docker engine reachable")
+    return None
+
+
+def _missing(name: str, reason: str) -> None:
+    """Record why ``name`` is missing, for skips; under ``CI=true`` that fails the run."""
     if IN_CI:
         raise RuntimeError(f"CI=true and {reason}")
     missing[name] = reason
-    return None
 
 
 def postgres_settings(url: str) -> dict[str, Any]:
@@ -107,10 +111,7 @@ def pgbouncer_settings(postgres: dict[str, Any]) -> dict[str, Any] | None:
     from tests.servers import pgbouncer_binary, start_pgbouncer
 
     if pgbouncer_binary() is None:
-        reason = "pgbouncer not available: apt-get install pgbouncer"
-        if IN_CI:
-            raise RuntimeError(f"CI=true and {reason}")
-        missing["pgbouncer"] = reason
+        _missing("pgbouncer", "pgbouncer not available: apt-get install pgbouncer")
         return None
     port, stop = start_pgbouncer(postgres["HOST"], int(postgres["PORT"]))
     stoppers["pgbouncer"] = stop
