@@ -12,7 +12,9 @@ whenever it has nothing to keep alive.
 
 A lease stops being refreshed when it is released, found lost, or reaches
 ``max_lifetime`` (then a warning is logged and the lease allowed to expire; the
-backend caps it on the storage side as well).
+backend caps it on the storage side as well). While a refresh call is under
+way, a :class:`~django_tasklock.watchdog.Watchdog` declares each of its leases
+lost as soon as the lease could have run out, without waiting for the answer.
 
 A lease whose release waits for the caller's transaction (see
 ``transactions``) stays here, still refreshed, and is looked at every
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from django_tasklock.backends.base import Refresh
 from django_tasklock.lease import clock
+from django_tasklock.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from django_tasklock.backends.base import BaseBackend
@@ -72,6 +75,7 @@ class Heartbeat:
         # and will look before sleeping): a new lease due later needs no wake-up.
         self._wake_at = math.inf
         self._idle_wake = _IDLE_WAKE
+        self._watchdog = Watchdog()
 
     def add(self, lease: Lease) -> None:
         interval = lease.options.refresh_interval.total_seconds()
@@ -203,6 +207,7 @@ class Heartbeat:
         with self._cond:
             self._touched[id(backend)] = backend  # the thread may open connections now
         live: list[Lease] = []
+        until = math.inf  # the earliest valid_until among them
         looked: list[Lease] = []  # waiting for their caller's transaction, not due yet
         # Seconds of (refresh_interval, ttl) per options object: most leases share one.
         seconds: dict[int, tuple[float, float]] = {}
@@ -226,27 +231,27 @@ class Heartbeat:
                     options.ttl.total_seconds(),
                 )
             if now >= lease.deadline:
-                logger.warning(
-                    "Task lock %r reached its max_lifetime of %s: no longer refreshed, the "
-                    "lease will expire while the work may still be running.",
-                    lease.key,
-                    lease.options.max_lifetime,
-                )
+                lease.reach_max_lifetime()
                 continue
             lease.next_due = min(now + known[0], lease.deadline)
+            until = min(until, lease.valid_until)
             live.append(lease)
         if not live:
             return looked
+        # Until the call answers, the watchdog judges these leases by their valid_until.
+        self._watchdog.begin(live, until)
         try:
             answers = backend.refresh_many(
                 [Refresh(x.key, x.token, x.options.ttl, x.options.max_lifetime) for x in live]
             )
         except Exception:
             return looked + self._failed(live)
+        finally:
+            self._watchdog.end()
         again: list[Lease] = looked
         for lease, still_ours in zip(live, answers, strict=True):
-            if lease.closed:
-                continue
+            if lease.closed or lease.lost:
+                continue  # a lease declared lost stays lost: it is no longer refreshed
             if not still_ours:
                 lease.report_lost("refresh")
                 continue

@@ -106,6 +106,7 @@ class Lease:
         #: Set while the release waits for the caller's transaction to end.
         self.pending: PendingRelease | None = None
         self._lost = False
+        self._capped = False  # the max_lifetime warning was logged
         self._lost_lock = threading.Lock()
 
     @property
@@ -127,6 +128,19 @@ class Lease:
             self.holder,
         )
         self.announce(lock_lost)
+
+    def reach_max_lifetime(self) -> None:
+        """Warn, once, that the lease reached ``max_lifetime`` and is no longer refreshed."""
+        with self._lost_lock:
+            if self._capped:
+                return
+            self._capped = True
+        logger.warning(
+            "Task lock %r reached its max_lifetime of %s: no longer refreshed, the "
+            "lease will expire while the work may still be running.",
+            self.key,
+            self.options.max_lifetime,
+        )
 
     def wake_at(self) -> float:
         """When the heartbeat should next look at this lease."""
