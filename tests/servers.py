@@ -124,6 +124,8 @@ class PrivateRedis:
         self.binary = require_binary(shutil.which("redis-server"), "redis-server")
         self.port = free_port()
         self.extra = extra
+        # A replica's full sync writes an RDB file even with --save "": not in the checkout.
+        self.dir = tempfile.mkdtemp(prefix="tasklock-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -133,7 +135,7 @@ class PrivateRedis:
     def start(self) -> None:
         self.process = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", *self.extra],
+             "--appendonly", "no", "--dir", self.dir, *self.extra],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
@@ -154,6 +156,7 @@ def private_redis(*extra: str) -> Iterator[PrivateRedis]:
         yield server
     finally:
         server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)
 
 
 def pgbouncer_binary() -> str | None:
