@@ -306,7 +306,7 @@ class DatabaseBackend(BaseBackend):
     def clear_stale(self, *, dry_run: bool = False) -> int:
         with alias_for_writing(self.using) as alias:
             stale = self._stale(alias)
-            return stale.count() if dry_run else stale._raw_delete(alias)
+            return stale.count() if dry_run else db_statements.delete_in_key_order(stale, alias)
 
     def close(self) -> None:
         close_connections(self.using)

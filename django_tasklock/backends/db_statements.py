@@ -11,6 +11,17 @@ gets ``UPDATE ... FROM json_array_elements(...) RETURNING``, which carries each 
 ttl and cap; other databases get one ORM UPDATE per chunk of leases that share
 a ttl and a cap, then, only when fewer rows changed than were asked, one SELECT
 to tell which are still ours.
+
+Statements that write many rows lock them in primary-key order. Two such
+statements sharing rows (``clear_stale`` and a heartbeat's refresh, say)
+would otherwise lock them in different orders and deadlock: PostgreSQL meets
+rows in the order of its plan (the list sent, the table's pages), so its
+refresh and its sweep lock their rows first, in a subquery ``ORDER BY key FOR
+UPDATE``. MySQL/MariaDB lock rows as they read them, in the order of the index
+read: the sweep reads the primary key (its condition leaves no other index),
+and the refresh is told to (``FORCE INDEX (PRIMARY)``), since through the
+``expires_at`` index it would lock that index's entry of a row before the row.
+SQLite has one writer at a time.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from django_tasklock.backends.db_functions import UtcNow
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models import QuerySet
 
     from django_tasklock.models import CacheEntry
 
@@ -138,16 +150,22 @@ def refresh_postgres(
     """One UPDATE for ``rows`` of (stored key, token, ttl, max_lifetime): the pairs still ours."""
     connection = connections[alias]
     quote = connection.ops.quote_name
-    table = quote(model._meta.db_table)
+    table, key, value = quote(model._meta.db_table), quote("key"), quote("value")
+    expires = quote("expires_at")
+    # The rows still ours are locked first, in key order (an UPDATE has no
+    # ORDER BY; its join would meet them in the order sent or of the pages).
     statement = (
-        f"UPDATE {table} AS e SET {quote('expires_at')} = LEAST("
-        "STATEMENT_TIMESTAMP() + make_interval(secs => u.t), "
-        f"e.{quote('created_at')} + make_interval(secs => u.c)) "
-        "FROM (SELECT x->>0 AS k, x->>1 AS v, (x->>2)::float8 AS t, (x->>3)::float8 AS c "
+        f"UPDATE {table} AS e SET {expires} = LEAST("
+        "STATEMENT_TIMESTAMP() + make_interval(secs => o.t), "
+        f"e.{quote('created_at')} + make_interval(secs => o.c)) "
+        f"FROM (SELECT h.{key}, u.t, u.c FROM {table} AS h JOIN ("
+        "SELECT x->>0 AS k, x->>1 AS v, (x->>2)::float8 AS t, (x->>3)::float8 AS c "
         "FROM json_array_elements(%s::json) AS x) AS u "
-        f"WHERE e.{quote('key')} = u.k AND e.{quote('value')} = u.v "
-        f"AND e.{quote('expires_at')} > STATEMENT_TIMESTAMP() "
-        f"RETURNING e.{quote('key')}, e.{quote('value')}"
+        f"ON h.{key} = u.k AND h.{value} = u.v "
+        f"WHERE h.{expires} > STATEMENT_TIMESTAMP() "
+        f"ORDER BY h.{key} FOR NO KEY UPDATE OF h) AS o "
+        f"WHERE e.{key} = o.{key} "
+        f"RETURNING e.{key}, e.{value}"
     )
     # One JSON text, not four arrays: the driver then quotes one string instead
     # of each element, which was most of the heartbeat's CPU for many leases.
@@ -188,10 +206,54 @@ def refresh_portable(
     """
     ours = Q(*(Q(key=key, value=token) for key, token in rows), _connector=Q.OR)
     live = model.objects.using(alias).filter(ours, expires_at__gt=UtcNow())
-    updated = live.update(expires_at=Least(UtcNow() + ttl, F("created_at") + max_lifetime))
+    extend = Least(UtcNow() + ttl, F("created_at") + max_lifetime)
+    if connections[alias].vendor == "mysql":
+        updated = update_by_primary_key(live, alias, expires_at=extend)
+    else:
+        updated = live.update(expires_at=extend)
     if updated == len(rows):
         return set(rows)
     return set(live.values_list("key", "value"))
+
+
+def update_by_primary_key(rows: QuerySet[CacheEntry], alias: str, **values: Any) -> int:
+    """MySQL/MariaDB: ``rows.update(**values)`` read through the primary key, in its order.
+
+    Through the ``expires_at`` index (the optimizer's pick on a small table)
+    InnoDB would lock that index's entry of each row before the row itself,
+    the opposite of a DELETE, which locks the row and then its index entries.
+    """
+    query = rows.query.chain(sql.UpdateQuery)
+    assert isinstance(query, sql.UpdateQuery)
+    query.add_update_values(values)
+    statement, params = query.get_compiler(alias).as_sql()
+    table = connections[alias].ops.quote_name(rows.model._meta.db_table)
+    head = f"UPDATE {table} SET "
+    if not statement.startswith(head):  # pragma: no cover - Django changed its UPDATE
+        raise AssertionError(f"unexpected UPDATE: {statement[:80]}")
+    statement = f"UPDATE {table} FORCE INDEX (PRIMARY) SET {statement[len(head) :]}"
+    with connections[alias].cursor() as cursor:
+        cursor.execute(statement, params)
+        return int(cursor.rowcount)
+
+
+def delete_in_key_order(rows: QuerySet[CacheEntry], alias: str) -> int:
+    """Delete ``rows`` in one statement; on PostgreSQL locking them first, in key order.
+
+    A stale row that its holder refreshes meanwhile is waited for, then
+    judged again as it is now, as a plain DELETE would: it is not deleted or
+    counted if it is no longer stale. Elsewhere this is ``_raw_delete``.
+    """
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return int(rows._raw_delete(alias))
+    quote = connection.ops.quote_name
+    table, key = quote(rows.model._meta.db_table), quote("key")
+    chosen, params = rows.order_by().values("key").query.get_compiler(alias).as_sql()
+    statement = f"DELETE FROM {table} WHERE {key} IN ({chosen} ORDER BY {key} FOR UPDATE)"
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return int(cursor.rowcount)
 
 
 def portable_chunk(connection: BaseDatabaseWrapper) -> int:
