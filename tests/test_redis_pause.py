@@ -100,7 +100,7 @@ def _pause_while_held(
         with service.lock(key, ttl=TTL, refresh_interval=0.25) as lock:
             time.sleep(0.6)  # a few refreshes confirmed
             paused_at = clock()
-            admin.execute_command("CLIENT", "PAUSE", int(PAUSE * 1000), "ALL")
+            admin.client_pause(int(PAUSE * 1000), all=True)
             # The lease is known live until at most the pause + ttl: lost by then.
             while not lock.lost and clock() < paused_at + PAUSE:
                 time.sleep(0.01)
@@ -126,4 +126,4 @@ def _pause_while_held(
         assert (again.acquired, again.result, again.lost) == (True, "after", False)
     finally:
         lock_lost.disconnect(on_lost)
-        admin.execute_command("CLIENT", "UNPAUSE")
+        admin.client_unpause()
