@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
 from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
+from django_tasklock.callables import validate_callable
 from django_tasklock.exceptions import LockNotAcquired
 from django_tasklock.keys import KeyBuilder, KeySpec
 from django_tasklock.lock import Lock
-from django_tasklock.options import LockKwargs, check_lock_kwargs, validate_callable
+from django_tasklock.options import LockKwargs, check_lock_kwargs
 from django_tasklock.service import TaskLockService, lock
 
 if TYPE_CHECKING:

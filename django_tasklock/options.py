@@ -1,4 +1,4 @@
-"""Validating what callers pass, before anything is written.
+"""Validating what callers pass, before anything is written (functions: see ``callables``).
 
 Every error is a ``TypeError`` or ``ValueError`` whose message names the
 parameter, so a mistake is found at the call that made it. Invalid
@@ -9,15 +9,12 @@ same rules at ``manage.py check`` and at run time.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import math
 import reprlib
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, TypedDict
 
-from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
@@ -55,42 +52,6 @@ def validate_key(key: object) -> str:
     except UnicodeEncodeError:
         raise ValueError("key must be valid Unicode text (it contains a lone surrogate)") from None
     return key
-
-
-def validate_callable(name: str, value: object, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if not callable(value):
-        raise TypeError(f"{name} must be callable, not {type(value).__name__}")
-
-
-def is_coroutine_function(value: object) -> bool:
-    """``async def`` functions, also behind ``functools.partial`` or as ``__call__``."""
-    while isinstance(value, functools.partial):
-        value = value.func
-    if iscoroutinefunction(value) or inspect.iscoroutinefunction(value):
-        return True
-    call = getattr(type(value), "__call__", None)  # noqa: B004 - the class's, not callable()
-    return not inspect.isroutine(value) and inspect.iscoroutinefunction(call)
-
-
-def validate_sync_callable(name: str, value: object, *, twin: str, optional: bool = False) -> None:
-    """A callable the sync API may call: a coroutine function would never run."""
-    validate_callable(name, value, optional=optional)
-    if value is not None and is_coroutine_function(value):
-        raise TypeError(
-            f"{name} is a coroutine function, which the sync API would never await; "
-            f"use {twin}() instead"
-        )
-
-
-def validate_async_callable(name: str, value: object, *, twin: str) -> None:
-    """A coroutine function (``async def``), which the async API awaits."""
-    validate_callable(name, value)
-    if not is_coroutine_function(value):
-        raise TypeError(
-            f"{name} must be a coroutine function (async def); use {twin}() for {value!r}"
-        )
 
 
 def to_timedelta(name: str, value: object) -> timedelta:

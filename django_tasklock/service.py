@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock
-from django_tasklock.lease import new_token as new_token
-from django_tasklock.lock import Lock
-from django_tasklock.options import (
+from django_tasklock.callables import (
     validate_async_callable,
     validate_callable,
-    validate_key,
     validate_sync_callable,
 )
+from django_tasklock.lease import new_token as new_token
+from django_tasklock.lock import Lock
+from django_tasklock.options import validate_key
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -9,9 +9,9 @@ neither workers' clocks nor sessions' time zones decide who holds a key.
 Statements run in autocommit, one round trip each: acquiring a free key is one
 INSERT, releasing is one DELETE, a refresh is one UPDATE. Only an INSERT that
 conflicts is followed by a SELECT of the row, which tells "held" from "free to
-take over" (expired, or older than 24 h) by the server's clock. A release
-with ``min_hold`` is one UPDATE while the hold lasts; a fence is one more
-statement (see ``db_fences``).
+take over" (expired, or older than 24 h: see ``db_rows``) by the server's
+clock. A release with ``min_hold`` is one UPDATE while the hold lasts; a
+fence is one more statement (see ``db_fences``).
 
 ``QuerySet.delete()`` is avoided on purpose: it wraps itself in a transaction,
 and with signal receivers it deletes by primary key after a SELECT, which
@@ -20,50 +20,37 @@ could delete a lease taken over in between.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.apps import apps
-from django.conf import settings
-from django.core import checks
-from django.core.exceptions import ImproperlyConfigured
-from django.db import Error, IntegrityError, connections, transaction
-from django.db.models import F, Q
+from django.db import Error, IntegrityError, connections
+from django.db.models import F
 from django.db.models.functions import Least
 
-from django_tasklock.backends import db_statements
-from django_tasklock.backends.base import (
-    STALE_AFTER,
-    BaseBackend,
-    HeldLock,
-    Holder,
-    Refresh,
-    caller_key,
-    storage_key,
-)
+from django_tasklock.backends import db_rows, db_statements
+from django_tasklock.backends.base import BaseBackend, HeldLock, Refresh, storage_key
+from django_tasklock.backends.db_checks import check_lock_database
 from django_tasklock.backends.db_connections import (
+    alias_for_reading,
     alias_for_writing,
     close_connections,
     in_test_transaction,
     is_key_conflict,
     names_missing_table,
+    savepoint_if_in_transaction,
 )
 from django_tasklock.backends.db_fences import (
     next_fence_in_transaction,
     next_fence_upsert,
     upsert_returns,
 )
-from django_tasklock.backends.db_functions import AsUtc, UtcNow, aware_utc, in_namespace
+from django_tasklock.backends.db_functions import UtcNow
 from django_tasklock.backends.forksafe import ForkSafeLock
 from django_tasklock.backends.retries import retry_on_new_connection, retry_when_busy
 from django_tasklock.conf import conf
-from django_tasklock.exceptions import TaskLockError
 
 if TYPE_CHECKING:
-    from django.db.models import QuerySet
-
     from django_tasklock.models import CacheEntry
 
 # Attempts at the INSERT when the key keeps changing hands between our INSERT
@@ -101,34 +88,8 @@ class DatabaseBackend(BaseBackend):
 
     @classmethod
     def check(cls) -> list[Any]:
-        """E006: ``TASKLOCK_DATABASE`` is not a database alias.
-
-        A missing ``"django_tasklock"`` in ``INSTALLED_APPS`` cannot be reported
-        here (without the app nothing registers these checks): first use raises
-        ``ImproperlyConfigured`` naming ``INSTALLED_APPS`` instead.
-        """
-        errors: list[Any] = []
-        if conf.DATABASE not in settings.DATABASES:
-            errors.append(
-                checks.Error(
-                    f"TASKLOCK_DATABASE = {conf.DATABASE!r} is not a database alias.",
-                    hint=f"Use one of: {', '.join(settings.DATABASES)}.",
-                    id="django_tasklock.E006",
-                )
-            )
-        elif _is_sqlite_with_atomic_requests(conf.DATABASE):
-            errors.append(
-                checks.Warning(
-                    f"ATOMIC_REQUESTS is on for the SQLite database {conf.DATABASE!r} that "
-                    "holds the task locks: every view taking a lock (@exclusive) fails, "
-                    "because SQLite has one writer and the view's transaction is it.",
-                    hint="Mark those views @transaction.non_atomic_requests, or keep the "
-                    "locks elsewhere: TASKLOCK_DATABASE naming another database, or "
-                    "TASKLOCK_BACKEND = 'redis'.",
-                    id="django_tasklock.W001",
-                )
-            )
-        return errors
+        """E006: no such ``TASKLOCK_DATABASE``; W001: SQLite with ATOMIC_REQUESTS (db_checks)."""
+        return check_lock_database(conf.DATABASE)
 
     # -- the contract ------------------------------------------------------
 
@@ -144,7 +105,7 @@ class DatabaseBackend(BaseBackend):
         model = self._model()
         for _ in range(_ACQUIRE_ATTEMPTS):
             try:
-                with _savepoint_if_in_transaction(alias):
+                with savepoint_if_in_transaction(alias):
                     model.objects.using(alias).create(
                         key=stored,
                         value=token,
@@ -154,27 +115,19 @@ class DatabaseBackend(BaseBackend):
             except IntegrityError as exc:
                 # "Held" only once the row is seen; one look also says whether
                 # it is free to take over, by the server's clock.
-                row = (
-                    model.objects.using(alias)
-                    .filter(key=stored)
-                    .values_list(
-                        "value", AsUtc("expires_at"), AsUtc("created_at"), AsUtc(UtcNow())
-                    )
-                    .first()
-                )
-                if row is None:
+                seen = db_rows.holder(model, alias, stored)
+                if seen is None:
                     if not is_key_conflict(exc):
                         raise  # not a key conflict after all: a real error
                     continue  # the holder released between our INSERT and our look
-                holder = row[0]
-                expires_at, created_at, now = (aware_utc(moment) for moment in row[1:])
-                if expires_at > now and created_at > now - STALE_AFTER:
+                holder, live = seen
+                if live:
                     return False
                 # Expired or abandoned: delete that holder's row (a token is
                 # never reused, so a new holder's row is safe) and insert again.
                 # The DELETE judges staleness again, by the server's clock: the
                 # holder's refresh may have extended the row since our look.
-                self._stale(alias).filter(key=stored, value=holder)._raw_delete(alias)
+                db_rows.stale(model, alias).filter(key=stored, value=holder)._raw_delete(alias)
             else:
                 if in_test_transaction(connections[alias]):
                     with self._test_leases_lock:
@@ -268,12 +221,7 @@ class DatabaseBackend(BaseBackend):
         (see ``db_fences``).
         """
         with alias_for_writing(self.using) as alias:
-            held = (
-                self._model()
-                .objects.using(alias)
-                .filter(key=storage_key(key), value=token, expires_at__gt=UtcNow())
-                .filter(created_at__gt=UtcNow() - STALE_AFTER)
-            )
+            held = db_rows.live_lease(self._model(), alias, storage_key(key), token)
             connection = connections[alias]
             if connection.vendor in self.single_statement_fence_vendors and upsert_returns(
                 connection
@@ -292,20 +240,21 @@ class DatabaseBackend(BaseBackend):
 
     @names_missing_table
     def peek(self, key: str) -> HeldLock | None:
-        with self._reading() as alias:
-            found = self._live(alias).filter(key=storage_key(key)).first()
-        return _held(found) if found is not None else None
+        with alias_for_reading(self.using) as alias:
+            found = db_rows.live(self._model(), alias).filter(key=storage_key(key)).first()
+        return db_rows.held(found) if found is not None else None
 
     @names_missing_table
     def list(self) -> list[HeldLock]:
-        with self._reading() as alias:
-            return [_held(row) for row in self._live(alias).order_by("key")]
+        with alias_for_reading(self.using) as alias:
+            rows = db_rows.live(self._model(), alias).order_by("key")
+            return [db_rows.held(row) for row in rows]
 
     @names_missing_table
     @retry_when_busy
     def clear_stale(self, *, dry_run: bool = False) -> int:
         with alias_for_writing(self.using) as alias:
-            stale = self._stale(alias)
+            stale = db_rows.stale(self._model(), alias)
             return stale.count() if dry_run else db_statements.delete_in_key_order(stale, alias)
 
     def close(self) -> None:
@@ -337,68 +286,6 @@ class DatabaseBackend(BaseBackend):
         return expression
 
     def _model(self) -> type[CacheEntry]:
-        if self._cached_model is not None:
-            return self._cached_model
-        if not apps.is_installed("django_tasklock"):
-            raise ImproperlyConfigured(
-                'The database backend of django-tasklock needs "django_tasklock" in '
-                "INSTALLED_APPS (and manage.py migrate), or choose another TASKLOCK_BACKEND."
-            )
-        from django_tasklock.models import CacheEntry
-
-        self._cached_model = CacheEntry
-        return CacheEntry
-
-    def _live(self, alias: str) -> QuerySet[CacheEntry]:
-        return (
-            self._model()
-            .objects.using(alias)
-            .filter(in_namespace(), expires_at__gt=UtcNow())
-            .filter(created_at__gt=UtcNow() - STALE_AFTER)
-            .annotate(
-                utc_created=AsUtc("created_at"),
-                utc_expires=AsUtc("expires_at"),
-                server_now=AsUtc(UtcNow()),
-            )
-        )
-
-    @contextmanager
-    def _reading(self) -> Iterator[str]:
-        """Where to read: as for writing, but SQLite reads in the caller's transaction."""
-        side = ExitStack()
-        try:
-            alias = side.enter_context(alias_for_writing(self.using))
-        except TaskLockError:
-            alias = self.using
-        with side:
-            yield alias
-
-    def _stale(self, alias: str) -> QuerySet[CacheEntry]:
-        """Rows free to take over: expired, or acquired more than 24 h ago."""
-        rows = self._model().objects.using(alias).filter(in_namespace())
-        return rows.filter(Q(expires_at__lte=UtcNow()) | Q(created_at__lte=UtcNow() - STALE_AFTER))
-
-
-def _held(row: CacheEntry) -> HeldLock:
-    """The row as the API shows it: times in aware UTC, whatever ``USE_TZ`` is."""
-    expires_at = aware_utc(row.utc_expires)  # type: ignore[attr-defined]
-    server_now = aware_utc(row.server_now)  # type: ignore[attr-defined]
-    return HeldLock(
-        key=caller_key(row.key),
-        holder=Holder.from_token(row.value),
-        acquired_at=aware_utc(row.utc_created),  # type: ignore[attr-defined]
-        expires_at=expires_at,
-        seconds_left=max(0.0, (expires_at - server_now).total_seconds()),
-    )
-
-
-def _is_sqlite_with_atomic_requests(using: str) -> bool:
-    connection = connections[using]  # a wrapper only: nothing connects
-    return connection.vendor == "sqlite" and bool(connection.settings_dict["ATOMIC_REQUESTS"])
-
-
-def _savepoint_if_in_transaction(alias: str) -> AbstractContextManager[Any]:
-    """A savepoint where an IntegrityError would otherwise break the open transaction."""
-    if connections[alias].in_atomic_block:
-        return transaction.atomic(using=alias)
-    return nullcontext()
+        if self._cached_model is None:
+            self._cached_model = db_rows.lock_model()
+        return self._cached_model

@@ -20,12 +20,12 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, Error, connections
+from django.db import DatabaseError, Error, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import load_backend
 from django.utils.connection import ConnectionDoesNotExist
@@ -109,6 +109,25 @@ def alias_for_writing(using: str) -> Iterator[str]:
             logger.debug("Closing the side connection to %r failed.", using, exc_info=True)
         finally:
             del connections[side]
+
+
+@contextmanager
+def alias_for_reading(using: str) -> Iterator[str]:
+    """Where to read: as :func:`alias_for_writing`, but on SQLite in the caller's transaction."""
+    side = ExitStack()
+    try:
+        alias = side.enter_context(alias_for_writing(using))
+    except TaskLockError:
+        alias = using
+    with side:
+        yield alias
+
+
+def savepoint_if_in_transaction(alias: str) -> AbstractContextManager[Any]:
+    """A savepoint where an IntegrityError would otherwise break the open transaction."""
+    if connections[alias].in_atomic_block:
+        return transaction.atomic(using=alias)
+    return nullcontext()
 
 
 # Under ATOMIC_REQUESTS Django opens the transaction, not the caller's code.

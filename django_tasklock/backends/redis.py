@@ -16,14 +16,11 @@ expires: we never steal what we cannot date.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
-from django.core import checks
 from django.core.cache import InvalidCacheBackendError
 from django.core.exceptions import ImproperlyConfigured
 
@@ -38,6 +35,7 @@ from django_tasklock.backends.base import (
     storage_key,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
+from django_tasklock.backends.redis_checks import INSTALL_HINT, check_redis
 from django_tasklock.backends.redis_scripts import FENCE_PREFIX, PRELUDE, SCRIPTS
 from django_tasklock.backends.redis_urls import client_from_url
 
@@ -48,9 +46,6 @@ if TYPE_CHECKING:
     import redis
     from redis.commands.core import Script
 
-#: How to get redis-py and django-redis, for messages: quoted for zsh.
-INSTALL_HINT = "pip install 'django-tasklock[redis]' (from a checkout: pip install '.[redis]')"
-
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _STALE_MS = int(STALE_AFTER / timedelta(milliseconds=1))
 _BATCH = 500
@@ -60,14 +55,6 @@ REFRESH_CHUNK = 500
 
 def _ms(duration: timedelta) -> int:
     return max(1, math.ceil(duration / timedelta(milliseconds=1)))
-
-
-def _importable(module: str) -> bool:
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
 
 
 def _text(value: bytes | str) -> str:
@@ -109,44 +96,7 @@ class RedisBackend(BaseBackend):
     @classmethod
     def check(cls) -> list[Any]:
         """E002: redis-py (or, without a URL, django-redis) is missing; E003-E004: the cache."""
-        from django_tasklock.conf import conf
-
-        needed = {"redis": "redis-py"}
-        if not conf.REDIS_URL:
-            needed["django_redis"] = "django-redis"
-        missing = [package for module, package in needed.items() if not _importable(module)]
-        errors: list[Any] = []
-        if missing:
-            errors.append(
-                checks.Error(
-                    f"The Redis lock backend needs {' and '.join(missing)}, which cannot be "
-                    "imported: the [redis] extra is not installed.",
-                    hint=f"Install the [redis] extra: {INSTALL_HINT}.",
-                    id="django_tasklock.E002",
-                )
-            )
-        if conf.REDIS_URL:
-            return errors
-        alias = conf.REDIS_CACHE
-        cache = settings.CACHES.get(alias)
-        if cache is None:
-            errors.append(
-                checks.Error(
-                    f"TASKLOCK_REDIS_CACHE names the cache {alias!r}, which is not in CACHES.",
-                    hint="Add a django-redis cache under that alias, or set TASKLOCK_REDIS_URL.",
-                    id="django_tasklock.E003",
-                )
-            )
-        elif not str(cache.get("BACKEND", "")).startswith("django_redis."):
-            errors.append(
-                checks.Error(
-                    f"The cache {alias!r} (TASKLOCK_REDIS_CACHE) is not a django-redis cache.",
-                    hint='Give it BACKEND "django_redis.cache.RedisCache", '
-                    "or set TASKLOCK_REDIS_URL.",
-                    id="django_tasklock.E004",
-                )
-            )
-        return errors
+        return check_redis()
 
     def _conn(self) -> redis.Redis:
         """The connection, made and the scripts registered on first use, once across threads."""

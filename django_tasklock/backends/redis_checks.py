@@ -1,0 +1,63 @@
+"""The Redis backend's system checks: a missing extra, a cache that is not Redis.
+
+Read from settings and installed packages only: nothing connects to Redis.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from django.conf import settings
+from django.core import checks
+
+from django_tasklock.conf import conf
+
+#: How to get redis-py and django-redis, for messages: quoted for zsh.
+INSTALL_HINT = "pip install 'django-tasklock[redis]' (from a checkout: pip install '.[redis]')"
+
+
+def check_redis() -> list[checks.CheckMessage]:
+    """E002: redis-py (or, without a URL, django-redis) is missing; E003-E004: the cache."""
+    needed = {"redis": "redis-py"}
+    if not conf.REDIS_URL:
+        needed["django_redis"] = "django-redis"
+    missing = [package for module, package in needed.items() if not _importable(module)]
+    errors: list[checks.CheckMessage] = []
+    if missing:
+        errors.append(
+            checks.Error(
+                f"The Redis lock backend needs {' and '.join(missing)}, which cannot be "
+                "imported: the [redis] extra is not installed.",
+                hint=f"Install the [redis] extra: {INSTALL_HINT}.",
+                id="django_tasklock.E002",
+            )
+        )
+    if conf.REDIS_URL:
+        return errors
+    alias = conf.REDIS_CACHE
+    cache = settings.CACHES.get(alias)
+    if cache is None:
+        errors.append(
+            checks.Error(
+                f"TASKLOCK_REDIS_CACHE names the cache {alias!r}, which is not in CACHES.",
+                hint="Add a django-redis cache under that alias, or set TASKLOCK_REDIS_URL.",
+                id="django_tasklock.E003",
+            )
+        )
+    elif not str(cache.get("BACKEND", "")).startswith("django_redis."):
+        errors.append(
+            checks.Error(
+                f"The cache {alias!r} (TASKLOCK_REDIS_CACHE) is not a django-redis cache.",
+                hint='Give it BACKEND "django_redis.cache.RedisCache", or set TASKLOCK_REDIS_URL.',
+                id="django_tasklock.E004",
+            )
+        )
+    return errors
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
