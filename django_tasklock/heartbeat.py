@@ -36,7 +36,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from django_tasklock.backends.base import Refresh
-from django_tasklock.lease import clock
+from django_tasklock.lease import NOT_CONFIRMED, clock
 from django_tasklock.watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -268,7 +268,7 @@ class Heartbeat:
         if lost:
             logger.warning("Refreshing task lock %r failed.", lost[0].key, exc_info=True)
             for lease in lost:
-                lease.report_lost("no refresh succeeded before the lease ran out")
+                lease.report_lost(NOT_CONFIRMED)
         if again:
             logger.warning(
                 "Refreshing task lock %r%s failed; retrying in %.1f s.",

@@ -50,6 +50,9 @@ def _forget_process_name() -> None:
 os.register_at_fork(after_in_child=_forget_process_name)
 
 
+#: Why a lease is lost when no refresh confirmed it in time (failed, or still under way).
+NOT_CONFIRMED = "no refresh succeeded before the lease could have run out"
+
 #: Seconds between two looks at a lease waiting for its caller's transaction.
 WATCH_INTERVAL = 0.5
 

@@ -24,15 +24,12 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from django_tasklock.lease import clock
+from django_tasklock.lease import NOT_CONFIRMED, clock
 
 if TYPE_CHECKING:
     from django_tasklock.lease import Lease
 
 logger = logging.getLogger("django_tasklock")
-
-#: How a lease is reported lost when its refresh did not answer in time.
-NO_ANSWER = "its refresh did not answer before the lease could have run out"
 
 
 class Watchdog:
@@ -84,6 +81,6 @@ class Watchdog:
                     if lease.valid_until >= lease.deadline:
                         lease.reach_max_lifetime()
                     else:
-                        lease.report_lost(NO_ANSWER)
+                        lease.report_lost(NOT_CONFIRMED)
                 except BaseException:  # the thread must go on watching the others
                     logger.exception("The django-tasklock watchdog failed on %r.", lease.key)
