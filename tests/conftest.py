@@ -25,6 +25,9 @@ DATABASE_ALIASES = [
     if alias in settings.DATABASES
 ]
 BACKENDS = ["sqlite", "postgres", "mariadb", "redis", "memory"]
+#: For tests that run ``manage.py check``: on Django 6.1 (not 5.2) its model checks
+#: reach every database (a query asks SQLite whether it supports JSONField fields).
+runs_manage_py_check = pytest.mark.django_db(databases="__all__")
 
 
 def pytest_report_header() -> list[str]:

@@ -11,6 +11,7 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from django_tasklock.checks import check_tasklock_settings
+from tests.conftest import runs_manage_py_check
 
 
 def ids(messages: list[Any]) -> list[str]:
@@ -21,6 +22,7 @@ def test_default_configuration_is_clean() -> None:
     assert check_tasklock_settings() == []
 
 
+@runs_manage_py_check
 def test_unknown_backend_fails_manage_py_check() -> None:
     with override_settings(TASKLOCK_BACKEND="nosuch"), pytest.raises(SystemCheckError) as info:
         call_command("check")
@@ -99,6 +101,7 @@ def test_atomic_requests_on_the_sqlite_lock_database_is_w001() -> None:
     assert "@transaction.non_atomic_requests" in str(messages[0].hint)
 
 
+@runs_manage_py_check
 @pytest.mark.usefixtures("atomic_requests_on_sqlite")
 def test_w001_is_reported_by_manage_py_check(capsys: pytest.CaptureFixture[str]) -> None:
     call_command("check")  # a warning does not fail the command

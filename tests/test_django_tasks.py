@@ -8,11 +8,13 @@ sharing the test's SQLite database file, which also holds the locks.
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import django
 import pytest
 from django.db import connections
 
@@ -61,6 +63,17 @@ def outcome(result: Any) -> Any:
         result.refresh()
     assert result.status.name == "SUCCESSFUL", result.errors
     return result.return_value
+
+
+def test_the_task_and_its_backends_are_django_tasks_from_django_6_and_the_backport_before(
+    tasks: Any,
+) -> None:
+    name = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
+    framework = importlib.import_module(name)
+    base = importlib.import_module(f"{name}.backends.base").BaseTaskBackend
+    assert type(tasks.hold_key).__module__.startswith(f"{name}.")
+    assert isinstance(framework.task_backends["default"], base)
+    assert isinstance(framework.task_backends["database"], base)
 
 
 def test_immediate_backend_runs_the_task_when_the_key_is_free(tasks: Any, tmp_path: Path) -> None:

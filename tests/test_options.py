@@ -16,6 +16,7 @@ from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.checks import check_tasklock_settings
 from django_tasklock.options import LockOptions, to_timedelta, validate_key
 from django_tasklock.service import TaskLockService
+from tests.conftest import runs_manage_py_check
 
 
 @pytest.mark.parametrize(
@@ -121,6 +122,7 @@ def test_invalid_defaults_are_improperly_configured_at_run_time(defaults: Any) -
     assert backend.list() == []
 
 
+@runs_manage_py_check
 def test_huge_default_fails_manage_py_check_cleanly() -> None:
     with (
         override_settings(TASKLOCK_DEFAULTS={"ttl": 1e14}),
