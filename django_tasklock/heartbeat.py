@@ -2,27 +2,24 @@
 
 Every lease the process holds is scheduled on one heap; the thread sleeps until
 the earliest is due, then refreshes every lease due by then (and those due
-within half their interval) with one ``refresh_many`` call per backend, which
-the built-in backends send as one statement per chunk of 500 leases, and
-schedules each again ``refresh_interval`` later. Each lost lease is still
-reported on its own. Releasing never waits for a refresh under way. The
-thread is a daemon (it never keeps the process alive at exit), starts on the
-first lease, is recreated in a forked child, and lets go of its connections
-whenever it has nothing to keep alive.
+within half their interval) with one ``refresh_many`` call per backend (one
+statement per 500 leases for the built-in backends), and schedules each again
+``refresh_interval`` later. Each lost lease is still reported on its own.
+Releasing never waits for a refresh under way. The thread is a daemon, starts
+on the first lease, is recreated in a forked child, and lets go of its
+connections whenever it has nothing to keep alive.
 
-A lease stops being refreshed when it is released, found lost, or reaches
-``max_lifetime`` (then a warning is logged and the lease allowed to expire; the
-backend caps it on the storage side as well). While a refresh call is under
-way, a :class:`~django_tasklock.watchdog.Watchdog` declares each of its leases
-lost as soon as the lease could have run out, without waiting for the answer.
+A lease stops being refreshed when it is released, found gone, or reaches
+``max_lifetime`` (a warning; the backend caps it on the storage side as well).
+While the thread waits for the storage, a :class:`~django_tasklock.watchdog.Watchdog`
+declares each lease lost as soon as it could have run out.
 
 A lease whose release waits for the caller's transaction (see
 ``transactions``) stays here, still refreshed, and is looked at every
 ``lease.WATCH_INTERVAL`` seconds to notice a rollback, which nothing else announces.
 
-Local deadlines are read off :func:`~django_tasklock.lease.clock`, which keeps counting while the
-machine is suspended (``CLOCK_BOOTTIME`` on Linux): after a resume, a lease
-whose ttl passed during the sleep is known to be lost, not "retried".
+Local deadlines are read off :func:`~django_tasklock.lease.clock`, which keeps
+counting while the machine is suspended (``CLOCK_BOOTTIME`` on Linux).
 """
 
 from __future__ import annotations
@@ -75,7 +72,8 @@ class Heartbeat:
         # and will look before sleeping): a new lease due later needs no wake-up.
         self._wake_at = math.inf
         self._idle_wake = _IDLE_WAKE
-        self._watchdog = Watchdog()
+        self._taken: list[Lease] = []  # due leases the thread has taken off the heap
+        self._watchdog = Watchdog(self._kept)
 
     def add(self, lease: Lease) -> None:
         interval = lease.options.refresh_interval.total_seconds()
@@ -125,6 +123,11 @@ class Heartbeat:
                     self._cond.notify()
                     break
 
+    def _kept(self) -> list[Lease]:
+        """Every lease being kept alive: queued, or taken for the tick under way."""
+        with self._cond:
+            return [entry[2] for entry in self._heap if not entry[2].closed] + self._taken
+
     def _after_fork(self) -> None:
         # The child has no heartbeat thread, and the parent's leases are the
         # parent's to keep alive; the condition may have been held mid-fork.
@@ -169,6 +172,7 @@ class Heartbeat:
                         self._closed = max(0, self._closed - 1)
                     else:
                         due.append(lease)
+                self._taken = due
                 return due, []
 
     def _run(self) -> None:
@@ -199,15 +203,48 @@ class Heartbeat:
                     for lease in again:
                         if not lease.closed:
                             heapq.heappush(self._heap, (lease.wake_at(), next(self._seq), lease))
+            with self._cond:
+                self._taken = []
 
     def _beat(self, leases: list[Lease]) -> list[Lease]:
-        """Refresh ``leases`` (all of one backend) in one call; return those to refresh again."""
+        """Refresh ``leases`` (all of one backend) in one call; return those to refresh again.
+
+        From the first statement to the answer, the watchdog judges every
+        lease by its ``valid_until``; the answer is read only after that.
+        """
+        self._watchdog.begin()
+        try:
+            live, looked, answers = self._send(leases)
+        finally:
+            self._watchdog.end()
+        if isinstance(answers, Exception):
+            return looked + self._failed(live, answers)
+        again: list[Lease] = looked
+        for lease, still_ours in zip(live, answers, strict=True):
+            if lease.closed:
+                continue
+            if not still_ours:
+                lease.report_lost("refresh")
+                continue
+            # Still ours, even if the watchdog declared it lost while the call
+            # was under way: nobody held the key meanwhile, so keep it.
+            lease.valid_until = lease.confirmed_until
+            again.append(lease)
+        return again
+
+    def _send(
+        self, leases: list[Lease]
+    ) -> tuple[list[Lease], list[Lease], list[bool] | Exception]:
+        """Settle pending releases and send the refreshes due.
+
+        Returns the leases refreshed, those only looked at, and the answers
+        (or the error the call failed with).
+        """
         now = clock()
         backend = leases[0].backend
         with self._cond:
             self._touched[id(backend)] = backend  # the thread may open connections now
         live: list[Lease] = []
-        until = math.inf  # the earliest valid_until among them
         looked: list[Lease] = []  # waiting for their caller's transaction, not due yet
         # Seconds of (refresh_interval, ttl) per options object: most leases share one.
         seconds: dict[int, tuple[float, float]] = {}
@@ -234,39 +271,27 @@ class Heartbeat:
                 lease.reach_max_lifetime()
                 continue
             lease.next_due = min(now + known[0], lease.deadline)
-            until = min(until, lease.valid_until)
+            # What this refresh confirms, if it does: the storage dates it after now.
+            lease.confirmed_until = min(now + known[1], lease.deadline)
             live.append(lease)
         if not live:
-            return looked
-        # Until the call answers, the watchdog judges these leases by their valid_until.
-        self._watchdog.begin(live, until)
+            return live, looked, []
         try:
             answers = backend.refresh_many(
                 [Refresh(x.key, x.token, x.options.ttl, x.options.max_lifetime) for x in live]
             )
-        except Exception:
-            return looked + self._failed(live)
-        finally:
-            self._watchdog.end()
-        again: list[Lease] = looked
-        for lease, still_ours in zip(live, answers, strict=True):
-            if lease.closed or lease.lost:
-                continue  # a lease declared lost stays lost: it is no longer refreshed
-            if not still_ours:
-                lease.report_lost("refresh")
-                continue
-            lease.valid_until = min(now + seconds[id(lease.options)][1], lease.deadline)
-            again.append(lease)
-        return again
+        except Exception as error:
+            return live, looked, error
+        return live, looked, answers
 
-    def _failed(self, leases: list[Lease]) -> list[Lease]:
+    def _failed(self, leases: list[Lease], error: Exception) -> list[Lease]:
         """After a failed refresh: leases past their known end are lost, the others retried."""
         now = clock()
         open_ = [lease for lease in leases if not lease.closed]
         lost = [lease for lease in open_ if now > lease.valid_until]
         again = [lease for lease in open_ if now <= lease.valid_until]
         if lost:
-            logger.warning("Refreshing task lock %r failed.", lost[0].key, exc_info=True)
+            logger.warning("Refreshing task lock %r failed.", lost[0].key, exc_info=error)
             for lease in lost:
                 lease.report_lost(NOT_CONFIRMED)
         if again:
@@ -275,7 +300,7 @@ class Heartbeat:
                 again[0].key,
                 f" and {len(again) - 1} more" if len(again) > 1 else "",
                 again[0].options.refresh_interval.total_seconds(),
-                exc_info=True,
+                exc_info=error,
             )
         return again
 

@@ -105,6 +105,8 @@ class Lease:
         self.next_due = asked_at + options.refresh_interval.total_seconds()
         #: Until when the lease is known to be live, by the last confirmation.
         self.valid_until = asked_at + min(options.ttl, options.max_lifetime).total_seconds()
+        #: What the refresh under way confirms if it succeeds (set by the heartbeat).
+        self.confirmed_until = self.valid_until
         self.closed = False
         #: Set while the release waits for the caller's transaction to end.
         self.pending: PendingRelease | None = None
@@ -119,10 +121,19 @@ class Lease:
 
     def report_lost(self, when: str) -> None:
         """Record the loss once: a warning, the ``lock_lost`` signal, ``lost`` set."""
+        if self.mark_lost():
+            self.announce_loss(when)
+
+    def mark_lost(self) -> bool:
+        """Set ``lost``; True the first time only (then announce it)."""
         with self._lost_lock:
             if self._lost:
-                return
+                return False
             self._lost = True
+            return True
+
+    def announce_loss(self, when: str) -> None:
+        """The warning and the ``lock_lost`` signal for a loss just marked."""
         logger.warning(
             "Task lock %r was lost (%s): it expired, was taken over or was force-released "
             "while %s held it.",

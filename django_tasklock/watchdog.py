@@ -1,19 +1,30 @@
-"""Judging a refresh still under way by the leases' local deadlines.
+"""Judging leases by their local deadlines while the heartbeat waits for the storage.
 
-The heartbeat refreshes leases with one call that may not answer for a
+The heartbeat's thread sends each tick's refreshes (and the releases of
+leases whose caller's transaction ended) as calls that may not answer for a
 while: a Redis paused by ``CLIENT PAUSE``, a row lock the database makes the
-refresh wait for, a network that drops packets. Until the call answers, or
-fails at its socket or statement timeout, the heartbeat's own thread cannot
-look at anything. Meanwhile each lease is known to be live only until its
-``valid_until`` (the last confirmed refresh plus ``ttl``): past it, the
-storage may have let it expire and another worker may hold the key.
+refresh wait for, a network that drops packets. Until a call answers, or
+fails at its socket or statement timeout, that thread cannot look at
+anything, and no lease of the process is refreshed. Meanwhile each lease is
+known to be live only until its ``valid_until`` (its last confirmed refresh
+plus ``ttl``): past it, the storage may have let it expire and another worker
+may hold the key.
 
-So a second daemon thread watches the leases of the call under way and, as
-each one's ``valid_until`` passes before the call answers, declares it:
-lost (warning, ``lock_lost``, ``lost``), or, where ``valid_until`` was the
-lease's ``max_lifetime`` deadline, at its cap (the usual warning). It costs
-one lock and one notification per refresh call, not per lease, and sleeps
-while nothing is under way.
+So a second daemon thread watches while a call is under way: as each open
+lease's ``valid_until`` passes before the call answers, it declares it lost
+(warning, ``lock_lost``, ``lost``), or, where ``valid_until`` was the lease's
+``max_lifetime`` deadline, at its cap (the usual warning). Nothing changes a
+``valid_until`` while the heartbeat waits, and the heartbeat ends the watch
+before it reads an answer, so a lease is declared on the value it had.
+
+A declared loss is what the holder was last able to know, not proof: if the
+late answer says the lease is still ours, nobody held the key meanwhile, and
+the heartbeat goes on refreshing it (``lost`` stays True), which keeps other
+workers out for as long as work that does not check ``lost`` runs.
+
+It costs one lock and one notification per call; the leases are looked at
+(one pass to find the earliest deadline) by the watchdog's thread, not the
+heartbeat's.
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from django_tasklock.lease import NOT_CONFIRMED, clock
@@ -33,18 +44,21 @@ logger = logging.getLogger("django_tasklock")
 
 
 class Watchdog:
-    """Declares leases whose refresh is still under way past their ``valid_until``."""
+    """Declares leases whose ``valid_until`` passes while the heartbeat's call is under way."""
 
-    def __init__(self) -> None:
+    def __init__(self, leases: Callable[[], list[Lease]]) -> None:
+        """``leases``: every lease the heartbeat keeps, queued or being refreshed."""
+        self._leases = leases
         self._cond = threading.Condition()
-        self._leases: Sequence[Lease] = ()
-        self._until = math.inf  # the earliest valid_until among self._leases
+        self._call = 0  # counts calls begun; the one under way, while _busy
+        self._busy = False
         self._thread: threading.Thread | None = None
 
-    def begin(self, leases: Sequence[Lease], until: float) -> None:
-        """A refresh of ``leases`` is being sent; ``until``: their earliest ``valid_until``."""
+    def begin(self) -> None:
+        """The heartbeat is about to wait for the storage."""
         with self._cond:
-            self._leases, self._until = leases, until
+            self._call += 1
+            self._busy = True
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="django-tasklock-watchdog", daemon=True
@@ -54,33 +68,51 @@ class Watchdog:
                 self._cond.notify()
 
     def end(self) -> None:
-        """The refresh answered (or failed): nothing is under way."""
+        """The call answered (or failed); from now on the heartbeat judges its leases."""
         with self._cond:
-            self._leases, self._until = (), math.inf
-
-    def _overdue(self) -> list[Lease]:
-        """Wait until some lease under way is past its ``valid_until``; return those."""
-        with self._cond:
-            while True:
-                now = clock()
-                if self._until > now:
-                    self._cond.wait(None if self._until == math.inf else self._until - now)
-                    continue
-                overdue = [lease for lease in self._leases if lease.valid_until < now]
-                rest = [lease for lease in self._leases if lease.valid_until >= now]
-                self._leases = rest
-                self._until = min((lease.valid_until for lease in rest), default=math.inf)
-                return overdue
+            self._busy = False
 
     def _run(self) -> None:
+        watched_call = 0
         while True:
-            for lease in self._overdue():
+            watched_call = self._next_call(watched_call)
+            try:
+                self._watch(watched_call)
+            except BaseException:  # the thread must go on watching the next call
+                logger.exception("The django-tasklock watchdog failed.")
+
+    def _next_call(self, after: int) -> int:
+        with self._cond:
+            while not (self._busy and self._call != after):
+                self._cond.wait()
+            return self._call
+
+    def _still_under_way(self, call: int, until: float) -> bool:
+        """Wait until ``until`` unless ``call`` ends first; whether it is still under way."""
+        with self._cond:
+            while self._busy and self._call == call:
+                now = clock()
+                if now >= until:
+                    return True
+                self._cond.wait(until - now)
+            return False
+
+    def _watch(self, call: int) -> None:
+        open_ = [lease for lease in self._leases() if not lease.closed and not lease.lost]
+        earliest = min((lease.valid_until for lease in open_), default=math.inf)
+        if earliest == math.inf or not self._still_under_way(call, earliest):
+            return  # the usual case: the call answered in time
+        for lease in sorted(open_, key=lambda lease: lease.valid_until):
+            with self._cond:
+                if not self._still_under_way(call, lease.valid_until):
+                    return
                 if lease.closed:
                     continue
-                try:
-                    if lease.valid_until >= lease.deadline:
-                        lease.reach_max_lifetime()
-                    else:
-                        lease.report_lost(NOT_CONFIRMED)
-                except BaseException:  # the thread must go on watching the others
-                    logger.exception("The django-tasklock watchdog failed on %r.", lease.key)
+                capped = lease.valid_until >= lease.deadline
+                # Marked while the call is surely under way: the heartbeat
+                # reads the answer only after end(), which waits for this lock.
+                declared = capped or lease.mark_lost()
+            if capped:
+                lease.reach_max_lifetime()
+            elif declared:
+                lease.announce_loss(NOT_CONFIRMED)

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
+from datetime import timedelta
 
 import pytest
 from django.db import connections, transaction
 from django.db.models import F
 
+from django_tasklock.backends.base import Refresh
 from django_tasklock.backends.database import DatabaseBackend
+from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.lease import clock
 from django_tasklock.models import CacheEntry
 from django_tasklock.service import TaskLockService
@@ -53,22 +57,19 @@ def test_a_refresh_kept_waiting_past_the_ttl_is_a_loss_declared_on_time(
     lost_at: list[float] = []
 
     def on_lost(sender: object, key: str, **kwargs: object) -> None:
-        lost_at.append(clock())
+        if key == held_key:
+            lost_at.append(clock())
 
+    held_key = key
     service = TaskLockService(DatabaseBackend(using=alias))
     lock_lost.connect(on_lost, weak=False)
     try:
         with service.lock(key, ttl=TTL, refresh_interval=0.25) as lock:
             time.sleep(0.4)  # a refresh or two confirmed
-            started = threading.Event()
-            blocked_at = clock()
-            blocker = threading.Thread(
-                target=_block_row, args=(alias, f"task-lock:{key}", BLOCKED, started)
-            )
-            blocker.start()
-            assert started.wait(5)
-            # Known live until at most the block + ttl: lost by then, while the
-            # refresh still waits for the row.
+            assert not lock.lost
+            blocker, blocked_at = _start_blocking(alias, key)
+            # The last refresh confirmed before the block lasts until at most
+            # the block + ttl: lost by then, while the refresh waits for the row.
             while not lock.lost and clock() < blocked_at + BLOCKED:
                 time.sleep(0.01)
             assert lost_at, "the loss was not declared while the refresh waited"
@@ -78,3 +79,97 @@ def test_a_refresh_kept_waiting_past_the_ttl_is_a_loss_declared_on_time(
         lock_lost.disconnect(on_lost)
     assert lock.lost
     assert len(lost_at) == 1  # the refresh's late answer is not a second report
+
+
+def test_leases_queued_behind_a_refresh_kept_waiting_are_declared_on_time(
+    alias: str, key: str
+) -> None:
+    # Another backend's lease waits for the heartbeat's thread, stuck in the
+    # database's call: nothing refreshes it, so it too is lost by its deadline.
+    lost_at: list[float] = []
+
+    def on_lost(sender: object, key: str, **kwargs: object) -> None:
+        if key == "queued":
+            lost_at.append(clock())
+
+    stuck = TaskLockService(DatabaseBackend(using=alias))
+    queued = TaskLockService(MemoryBackend())
+    lock_lost.connect(on_lost, weak=False)
+    try:
+        with (
+            stuck.lock(key, ttl=30, refresh_interval=0.2),
+            queued.lock("queued", ttl=TTL, refresh_interval=0.25) as lock,
+        ):
+            time.sleep(0.4)
+            assert not lock.lost
+            blocker, blocked_at = _start_blocking(alias, key)
+            while not lock.lost and clock() < blocked_at + BLOCKED:
+                time.sleep(0.01)
+            assert lost_at, "the queued lease's loss was not declared"
+            assert lost_at[0] - blocked_at <= TTL + SLACK
+            blocker.join()
+    finally:
+        lock_lost.disconnect(on_lost)
+    assert len(lost_at) == 1
+
+
+def _start_blocking(alias: str, key: str) -> tuple[threading.Thread, float]:
+    """Block the row of ``key`` for ``BLOCKED`` seconds; return the thread and when it began."""
+    started = threading.Event()
+    blocker = threading.Thread(
+        target=_block_row, args=(alias, f"task-lock:{key}", BLOCKED, started)
+    )
+    blocker.start()
+    assert started.wait(5)
+    # From here no refresh of that row completes: each one waits for the block.
+    return blocker, clock()
+
+
+class _SlowOnceBackend(MemoryBackend):
+    """Grants three times the ttl asked (so a slow refresh finds the lease live)
+    and, once ``slow`` is set, answers one refresh ``BLOCKED`` seconds late: the
+    late answer a stalled storage gives, caused in-process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slow = threading.Event()
+        self.calls_after_slow = 0
+
+    def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
+        return super().acquire(key, token, ttl=3 * ttl, max_lifetime=max_lifetime)
+
+    def refresh_many(self, items: Sequence[Refresh]) -> list[bool]:
+        if self.slow.is_set():
+            self.calls_after_slow += 1
+            if self.calls_after_slow == 1:
+                time.sleep(BLOCKED)
+        return super().refresh_many([item._replace(ttl=3 * item.ttl) for item in items])
+
+
+def test_a_late_answer_that_the_lease_is_still_ours_keeps_it() -> None:
+    # Declared lost by its deadline (it could have run out), the lease turns
+    # out to be live: nobody held the key, so the heartbeat keeps it, and the
+    # holder, told of the loss once, still holds the key until it releases.
+    backend = _SlowOnceBackend()
+    lost: list[str] = []
+
+    def on_lost(sender: object, key: str, **kwargs: object) -> None:
+        lost.append(key)
+
+    lock_lost.connect(on_lost, weak=False)
+    try:
+        with TaskLockService(backend).lock("late", ttl=TTL, refresh_interval=0.25) as lock:
+            backend.slow.set()
+            start = clock()
+            while not lock.lost and clock() < start + BLOCKED:
+                time.sleep(0.01)
+            assert lock.lost
+            time.sleep(BLOCKED)  # the late answer, then more refreshes
+            assert backend.calls_after_slow >= 3
+            held = backend.peek("late")
+            assert held is not None
+            assert held.holder == lock.holder
+    finally:
+        lock_lost.disconnect(on_lost)
+    assert lost == ["late"]
+    assert backend.peek("late") is None  # released by its holder
