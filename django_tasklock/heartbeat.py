@@ -89,6 +89,8 @@ class Heartbeat:
             elif lease.next_due < self._wake_at:
                 self._wake_at = lease.next_due
                 self._cond.notify()  # due before whatever the thread sleeps until
+        if self._watchdog.busy:  # the thread waits for the storage: watch this one too
+            self._watchdog.added()
 
     def remove(self, lease: Lease) -> None:
         """Stop refreshing ``lease``; a refresh already under way is disregarded.

@@ -143,6 +143,11 @@ class Lease:
         )
         self.announce(lock_lost)
 
+    @property
+    def capped(self) -> bool:
+        """True once the lease reached ``max_lifetime`` (and the warning was logged)."""
+        return self._capped
+
     def reach_max_lifetime(self) -> None:
         """Warn, once, that the lease reached ``max_lifetime`` and is no longer refreshed."""
         with self._lost_lock:

@@ -24,7 +24,7 @@ workers out for as long as work that does not check ``lost`` runs.
 
 It costs one lock and one notification per call; the leases are looked at
 (one pass to find the earliest deadline) by the watchdog's thread, not the
-heartbeat's.
+heartbeat's, and again only while a call lasts past a deadline or a second.
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_tasklock")
 
+#: Seconds between two looks at the leases while a call is under way, at most...
+RELOOK = 1.0
+#: ...and at least: a burst of deadlines is declared together.
+MIN_GAP = 0.05
+
 
 class Watchdog:
     """Declares leases whose ``valid_until`` passes while the heartbeat's call is under way."""
@@ -52,7 +57,20 @@ class Watchdog:
         self._cond = threading.Condition()
         self._call = 0  # counts calls begun; the one under way, while _busy
         self._busy = False
+        self._look_again = False  # a lease was added during the call
         self._thread: threading.Thread | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether the heartbeat is waiting for the storage (read without the lock)."""
+        return self._busy
+
+    def added(self) -> None:
+        """A lease was added while the heartbeat waits: watch it too."""
+        with self._cond:
+            if self._busy:
+                self._look_again = True
+                self._cond.notify()
 
     def begin(self) -> None:
         """The heartbeat is about to wait for the storage."""
@@ -87,32 +105,52 @@ class Watchdog:
                 self._cond.wait()
             return self._call
 
-    def _still_under_way(self, call: int, until: float) -> bool:
-        """Wait until ``until`` unless ``call`` ends first; whether it is still under way."""
+    def _still_under_way(self, call: int, until: float, not_before: float = 0.0) -> bool:
+        """Wait until ``until`` (or a lease added, from ``not_before``) unless ``call``
+        ends first; whether it is still under way."""
         with self._cond:
             while self._busy and self._call == call:
                 now = clock()
-                if now >= until:
+                if now >= until or (self._look_again and now >= not_before):
+                    self._look_again = False
                     return True
-                self._cond.wait(until - now)
+                self._cond.wait((not_before if self._look_again else until) - now)
             return False
 
     def _watch(self, call: int) -> None:
-        open_ = [lease for lease in self._leases() if not lease.closed and not lease.lost]
-        earliest = min((lease.valid_until for lease in open_), default=math.inf)
-        if earliest == math.inf or not self._still_under_way(call, earliest):
-            return  # the usual case: the call answered in time
-        for lease in sorted(open_, key=lambda lease: lease.valid_until):
+        """Declare leases as their deadlines pass, for as long as ``call`` is under way.
+
+        The leases are looked at again at each deadline, when one is added,
+        and at least every :data:`RELOOK` seconds; never more often than every
+        :data:`MIN_GAP` seconds.
+        """
+        while True:
+            watched = [
+                lease
+                for lease in self._leases()
+                if not (lease.closed or lease.lost or lease.capped)
+            ]
+            earliest = min((lease.valid_until for lease in watched), default=math.inf)
+            now = clock()
+            until = max(now + MIN_GAP, min(earliest, now + RELOOK))
+            if not self._still_under_way(call, until, not_before=now + MIN_GAP):
+                return  # the usual case: the call answered in time
+            capped: list[Lease] = []
+            lost: list[Lease] = []
             with self._cond:
-                if not self._still_under_way(call, lease.valid_until):
+                if not (self._busy and self._call == call):
                     return
-                if lease.closed:
-                    continue
-                capped = lease.valid_until >= lease.deadline
                 # Marked while the call is surely under way: the heartbeat
                 # reads the answer only after end(), which waits for this lock.
-                declared = capped or lease.mark_lost()
-            if capped:
+                now = clock()
+                for lease in watched:
+                    if lease.closed or lease.valid_until > now:
+                        continue
+                    if lease.valid_until >= lease.deadline:
+                        capped.append(lease)
+                    elif lease.mark_lost():
+                        lost.append(lease)
+            for lease in capped:
                 lease.reach_max_lifetime()
-            elif declared:
+            for lease in lost:
                 lease.announce_loss(NOT_CONFIRMED)

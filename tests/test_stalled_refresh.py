@@ -8,6 +8,7 @@ without waiting for the statement to answer or time out (the Redis twin,
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -81,11 +82,13 @@ def test_a_refresh_kept_waiting_past_the_ttl_is_a_loss_declared_on_time(
     assert len(lost_at) == 1  # the refresh's late answer is not a second report
 
 
+@pytest.mark.parametrize("taken", ["before", "during"])
 def test_leases_queued_behind_a_refresh_kept_waiting_are_declared_on_time(
-    alias: str, key: str
+    alias: str, key: str, taken: str
 ) -> None:
-    # Another backend's lease waits for the heartbeat's thread, stuck in the
-    # database's call: nothing refreshes it, so it too is lost by its deadline.
+    # Another backend's lease, taken before the stall or during it, waits for
+    # the heartbeat's thread, stuck in the database's call: nothing refreshes
+    # it, so it too is lost by its deadline.
     lost_at: list[float] = []
 
     def on_lost(sender: object, key: str, **kwargs: object) -> None:
@@ -96,17 +99,22 @@ def test_leases_queued_behind_a_refresh_kept_waiting_are_declared_on_time(
     queued = TaskLockService(MemoryBackend())
     lock_lost.connect(on_lost, weak=False)
     try:
-        with (
-            stuck.lock(key, ttl=30, refresh_interval=0.2),
-            queued.lock("queued", ttl=TTL, refresh_interval=0.25) as lock,
-        ):
-            time.sleep(0.4)
-            assert not lock.lost
-            blocker, blocked_at = _start_blocking(alias, key)
-            while not lock.lost and clock() < blocked_at + BLOCKED:
+        with stuck.lock(key, ttl=30, refresh_interval=0.2), contextlib.ExitStack() as stack:
+            if taken == "before":
+                lock = stack.enter_context(queued.lock("queued", ttl=TTL, refresh_interval=0.25))
+                time.sleep(0.4)
+                assert not lock.lost
+                blocker, since = _start_blocking(alias, key)
+            else:
+                time.sleep(0.3)  # the stuck lease's first refresh is due during the block
+                blocker, _ = _start_blocking(alias, key)
+                time.sleep(0.4)
+                since = clock()
+                lock = stack.enter_context(queued.lock("queued", ttl=TTL, refresh_interval=0.25))
+            while not lock.lost and clock() < since + BLOCKED:
                 time.sleep(0.01)
             assert lost_at, "the queued lease's loss was not declared"
-            assert lost_at[0] - blocked_at <= TTL + SLACK
+            assert lost_at[0] - since <= TTL + SLACK
             blocker.join()
     finally:
         lock_lost.disconnect(on_lost)
