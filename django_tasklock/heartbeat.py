@@ -289,7 +289,7 @@ class Heartbeat:
     def _failed(self, leases: list[Lease], error: Exception) -> list[Lease]:
         """After a failed refresh: leases past their known end are lost, the others retried."""
         now = clock()
-        open_ = [lease for lease in leases if not lease.closed]
+        open_ = [lease for lease in leases if not (lease.closed or lease.capped)]
         lost = [lease for lease in open_ if now > lease.valid_until]
         again = [lease for lease in open_ if now <= lease.valid_until]
         if lost:

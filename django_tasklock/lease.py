@@ -116,7 +116,8 @@ class Lease:
 
     @property
     def lost(self) -> bool:
-        """True once a refresh or the release found the lease gone or someone else's."""
+        """True once the lease was found gone or someone else's, or no refresh
+        confirmed it before it could have run out (it may then still be held)."""
         return self._lost
 
     def report_lost(self, when: str) -> None:
@@ -145,7 +146,7 @@ class Lease:
 
     @property
     def capped(self) -> bool:
-        """True once the lease reached ``max_lifetime`` (and the warning was logged)."""
+        """True once the lease reached ``max_lifetime`` (the warning is logged then)."""
         return self._capped
 
     def reach_max_lifetime(self) -> None:

@@ -22,9 +22,10 @@ late answer says the lease is still ours, nobody held the key meanwhile, and
 the heartbeat goes on refreshing it (``lost`` stays True), which keeps other
 workers out for as long as work that does not check ``lost`` runs.
 
-It costs one lock and one notification per call; the leases are looked at
-(one pass to find the earliest deadline) by the watchdog's thread, not the
-heartbeat's, and again only while a call lasts past a deadline or a second.
+It costs the heartbeat two short locks and a notification per call; the
+watchdog's thread copies the list of leases (under the heartbeat's lock) and
+looks for the earliest deadline once per call, and again only while a call
+lasts past a deadline or a second, or a lease is added meanwhile.
 """
 
 from __future__ import annotations
@@ -77,13 +78,19 @@ class Watchdog:
         with self._cond:
             self._call += 1
             self._busy = True
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="django-tasklock-watchdog", daemon=True
-                )
-                self._thread.start()
-            else:
+            self._look_again = False  # the call's snapshot will have every lease
+            if self._thread is not None and self._thread.is_alive():
                 self._cond.notify()
+                return
+            thread = threading.Thread(
+                target=self._run, name="django-tasklock-watchdog", daemon=True
+            )
+            try:
+                thread.start()
+            except RuntimeError:  # no threads left: refreshing matters more than watching
+                logger.warning("The django-tasklock watchdog could not start.", exc_info=True)
+            else:
+                self._thread = thread
 
     def end(self) -> None:
         """The call answered (or failed); from now on the heartbeat judges its leases."""
@@ -153,4 +160,7 @@ class Watchdog:
             for lease in capped:
                 lease.reach_max_lifetime()
             for lease in lost:
-                lease.announce_loss(NOT_CONFIRMED)
+                try:
+                    lease.announce_loss(NOT_CONFIRMED)
+                except BaseException:  # even SystemExit from a receiver: announce the others
+                    logger.exception("Announcing the loss of %r failed.", lease.key)
