@@ -22,10 +22,10 @@ late answer says the lease is still ours, nobody held the key meanwhile, and
 the heartbeat goes on refreshing it (``lost`` stays True), which keeps other
 workers out for as long as work that does not check ``lost`` runs.
 
-It costs the heartbeat two short locks and a notification per call; the
-watchdog's thread copies the list of leases (under the heartbeat's lock) and
-looks for the earliest deadline once per call, and again only while a call
-lasts past a deadline or a second, or a lease is added meanwhile.
+It costs the heartbeat two short locks and a notification per call. Only a
+call that lasts over :data:`MIN_GAP` makes the watchdog's thread copy the list
+of leases (under the heartbeat's lock) and look for the earliest deadline, and
+again at each deadline, each second, or when a lease is added meanwhile.
 """
 
 from __future__ import annotations
@@ -129,8 +129,11 @@ class Watchdog:
 
         The leases are looked at again at each deadline, when one is added,
         and at least every :data:`RELOOK` seconds; never more often than every
-        :data:`MIN_GAP` seconds.
+        :data:`MIN_GAP` seconds, and not before the call has lasted that long:
+        most calls answer sooner, and then no lease is looked at at all.
         """
+        if not self._still_under_way(call, clock() + MIN_GAP):
+            return  # the usual case: the call answered in time
         while True:
             watched = [
                 lease
@@ -141,7 +144,7 @@ class Watchdog:
             now = clock()
             until = max(now + MIN_GAP, min(earliest, now + RELOOK))
             if not self._still_under_way(call, until, not_before=now + MIN_GAP):
-                return  # the usual case: the call answered in time
+                return
             capped: list[Lease] = []
             lost: list[Lease] = []
             with self._cond:
