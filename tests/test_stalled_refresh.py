@@ -22,6 +22,7 @@ from django_tasklock.backends.base import Refresh
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.lease import clock
+from django_tasklock.lock import Lock
 from django_tasklock.models import CacheEntry
 from django_tasklock.service import TaskLockService
 from django_tasklock.signals import lock_lost
@@ -71,10 +72,7 @@ def test_a_refresh_kept_waiting_past_the_ttl_is_a_loss_declared_on_time(
             blocker, blocked_at = _start_blocking(alias, key)
             # The last refresh confirmed before the block lasts until at most
             # the block + ttl: lost by then, while the refresh waits for the row.
-            while not lock.lost and clock() < blocked_at + BLOCKED:
-                time.sleep(0.01)
-            assert lost_at, "the loss was not declared while the refresh waited"
-            assert lost_at[0] - blocked_at <= TTL + SLACK
+            _assert_lost_within_ttl(lock, lost_at, since=blocked_at)
             blocker.join()
     finally:
         lock_lost.disconnect(on_lost)
@@ -111,14 +109,19 @@ def test_leases_queued_behind_a_refresh_kept_waiting_are_declared_on_time(
                 time.sleep(0.4)
                 since = clock()
                 lock = stack.enter_context(queued.lock("queued", ttl=TTL, refresh_interval=0.25))
-            while not lock.lost and clock() < since + BLOCKED:
-                time.sleep(0.01)
-            assert lost_at, "the queued lease's loss was not declared"
-            assert lost_at[0] - since <= TTL + SLACK
+            _assert_lost_within_ttl(lock, lost_at, since=since)
             blocker.join()
     finally:
         lock_lost.disconnect(on_lost)
     assert len(lost_at) == 1
+
+
+def _assert_lost_within_ttl(lock: Lock, lost_at: list[float], *, since: float) -> None:
+    """Wait (at most the block) for ``lock`` to be declared lost: by ``since`` + ttl."""
+    while not lock.lost and clock() < since + BLOCKED:
+        time.sleep(0.01)
+    assert lost_at, "the loss was not declared while the heartbeat waited"
+    assert lost_at[0] - since <= TTL + SLACK
 
 
 def _start_blocking(alias: str, key: str) -> tuple[threading.Thread, float]:
