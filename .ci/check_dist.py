@@ -1,8 +1,8 @@
 """Check the built distributions in dist/: what a user installs must be complete.
 
-The wheel must carry py.typed, every migration, every template under
-django_tasklock/templates (the admin page's) and the
-LICENSE; the sdist must carry the LICENSE and README. Run by .ci/run after
+The wheel must carry py.typed, every module of the backends packages, every
+migration, every template under django_tasklock/templates (the admin page's)
+and the LICENSE; the sdist must carry the LICENSE and README. Run by .ci/run after
 ``python -m build``.
 """
 
@@ -36,6 +36,7 @@ def main() -> int:
     with zipfile.ZipFile(wheels[0]) as wheel:
         names = set(wheel.namelist())
     expected = {"django_tasklock/py.typed"} | shipped("migrations") | shipped("templates")
+    expected |= {name for name in shipped("backends") if name.endswith(".py")}
     problems = [f"wheel lacks {name}" for name in sorted(expected - names)]
     if not any(name.endswith(".dist-info/licenses/LICENSE") for name in names):
         problems.append("wheel lacks its LICENSE")

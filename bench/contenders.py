@@ -72,7 +72,7 @@ def raw_database(group: str, alias: str) -> Contender:
     from django.db.models import sql
     from django.db.models.functions import Now
 
-    from django_tasklock.backends.db_statements import Release
+    from django_tasklock.backends.database.statements import Release
     from django_tasklock.models import CacheEntry
 
     stored = f"task-lock:{RUN}{group}-raw"

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_tasklock.backends.db_connections import in_test_transaction
+from django_tasklock.backends.database.connections import in_test_transaction
 from django_tasklock.heartbeat import heartbeat
 from django_tasklock.lease import Lease
 

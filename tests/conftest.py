@@ -13,8 +13,8 @@ from django.db import connections
 from django_tasklock.backends import reset_backend
 from django_tasklock.backends.base import caller_key, storage_key
 from django_tasklock.backends.database import DatabaseBackend
-from django_tasklock.backends.db_connections import add_thread_connection
-from django_tasklock.backends.db_functions import UtcNow
+from django_tasklock.backends.database.connections import add_thread_connection
+from django_tasklock.backends.database.functions import UtcNow
 from django_tasklock.testing import BackendRecipe, ContractBackend, faketime_worker_clock
 from tests import services
 

@@ -137,7 +137,7 @@ def test_postgres_alias_on_postgresql_is_the_database_backend() -> None:
     from django.conf import settings
 
     from django_tasklock.backends import get_backend
-    from django_tasklock.backends.postgres import PostgresBackend
+    from django_tasklock.backends.database.postgres import PostgresBackend
     from tests.conftest import require_service
 
     require_service("postgres")
@@ -185,7 +185,7 @@ def test_missing_table_says_to_migrate(tmp_path: Any) -> None:
     from django.db import connections
 
     from django_tasklock.backends.database import DatabaseBackend
-    from django_tasklock.backends.db_connections import add_thread_connection
+    from django_tasklock.backends.database.connections import add_thread_connection
 
     unmigrated = {**connections["default"].settings_dict, "NAME": str(tmp_path / "new.sqlite3")}
     add_thread_connection("unmigrated", unmigrated)

@@ -99,7 +99,7 @@ def test_fencing_before_migrating_the_fence_table_says_to_migrate(tmp_path: Path
     from django.core.exceptions import ImproperlyConfigured
     from django.db import connections
 
-    from django_tasklock.backends.db_connections import add_thread_connection
+    from django_tasklock.backends.database.connections import add_thread_connection
     from django_tasklock.models import CacheEntry
 
     # A database migrated before fencing existed: cache_entries only.
@@ -120,7 +120,7 @@ def test_an_older_sqlite_gets_the_portable_fence(monkeypatch: pytest.MonkeyPatch
     # SQLite before 3.35 has no RETURNING; the version is the one thing faked.
     from django.db import connections
 
-    from django_tasklock.backends.db_fences import upsert_returns
+    from django_tasklock.backends.database.fences import upsert_returns
 
     sqlite = connections["default"]
     module = sqlite.Database  # type: ignore[attr-defined]  # the DB-API module

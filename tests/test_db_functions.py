@@ -17,7 +17,7 @@ from django.test import override_settings
 
 from django_tasklock.backends.base import HeldLock
 from django_tasklock.backends.database import DatabaseBackend
-from django_tasklock.backends.db_connections import add_thread_connection
+from django_tasklock.backends.database.connections import add_thread_connection
 from django_tasklock.models import CacheEntry
 from django_tasklock.service import new_token
 from tests.conftest import DATABASE_ALIASES, require_service

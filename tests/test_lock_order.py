@@ -34,10 +34,9 @@ from typing import Any
 import pytest
 from django.db import connections, transaction
 
-from django_tasklock.backends import retries
 from django_tasklock.backends.base import Refresh, storage_key
-from django_tasklock.backends.database import DatabaseBackend
-from django_tasklock.backends.db_functions import UtcNow
+from django_tasklock.backends.database import DatabaseBackend, retries
+from django_tasklock.backends.database.functions import UtcNow
 from django_tasklock.models import CacheEntry
 from django_tasklock.service import new_token
 from django_tasklock.testing.support import wait_until

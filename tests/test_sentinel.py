@@ -104,7 +104,7 @@ def test_locks_work_through_sentinel_and_survive_a_failover_or_say_they_did_not(
 def test_a_malformed_sentinel_url_says_how_it_reads(url: str) -> None:
     from django.core.exceptions import ImproperlyConfigured
 
-    from django_tasklock.backends.redis_urls import client_from_url
+    from django_tasklock.backends.redis.urls import client_from_url
 
     with pytest.raises(ImproperlyConfigured, match="TASKLOCK_REDIS_URL"):
         client_from_url(url)

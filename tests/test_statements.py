@@ -22,7 +22,7 @@ from django.db import connections
 
 from django_tasklock.backends.base import BaseBackend, Refresh
 from django_tasklock.backends.database import DatabaseBackend
-from django_tasklock.backends.db_statements import REFRESH_CHUNK
+from django_tasklock.backends.database.statements import REFRESH_CHUNK
 from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.service import TaskLockService, new_token

@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 
 from django_tasklock.backends.base import BaseBackend
 from django_tasklock.backends.database import DatabaseBackend
-from django_tasklock.backends.db_connections import add_thread_connection
+from django_tasklock.backends.database.connections import add_thread_connection
 from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.models import CacheEntry
 from django_tasklock.service import TaskLockService, new_token

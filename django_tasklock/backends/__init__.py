@@ -12,7 +12,7 @@ from django_tasklock.conf import conf
 
 BUILTIN_BACKENDS = {
     "database": "django_tasklock.backends.database.DatabaseBackend",
-    "postgres": "django_tasklock.backends.postgres.PostgresBackend",
+    "postgres": "django_tasklock.backends.database.PostgresBackend",
     "redis": "django_tasklock.backends.redis.RedisBackend",
     "memory": "django_tasklock.backends.memory.MemoryBackend",
 }

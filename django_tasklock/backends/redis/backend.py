@@ -35,9 +35,9 @@ from django_tasklock.backends.base import (
     storage_key,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
-from django_tasklock.backends.redis_checks import INSTALL_HINT, check_redis
-from django_tasklock.backends.redis_scripts import FENCE_PREFIX, PRELUDE, SCRIPTS
-from django_tasklock.backends.redis_urls import client_from_url
+from django_tasklock.backends.redis.checks import INSTALL_HINT, check_redis
+from django_tasklock.backends.redis.scripts import FENCE_PREFIX, PRELUDE, SCRIPTS
+from django_tasklock.backends.redis.urls import client_from_url
 
 if TYPE_CHECKING:
     # redis-py is imported when a connection is made, never at import: without

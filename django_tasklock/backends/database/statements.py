@@ -36,7 +36,7 @@ from django.db import connections
 from django.db.models import F, Q, sql
 from django.db.models.functions import Least
 
-from django_tasklock.backends.db_functions import UtcNow
+from django_tasklock.backends.database.functions import UtcNow
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper

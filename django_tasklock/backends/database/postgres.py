@@ -16,7 +16,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
-from django_tasklock.backends.database import DatabaseBackend
+from django_tasklock.backends.database.backend import DatabaseBackend
 from django_tasklock.conf import conf
 
 

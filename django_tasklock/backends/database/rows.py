@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Q
 
 from django_tasklock.backends.base import STALE_AFTER, HeldLock, Holder, caller_key
-from django_tasklock.backends.db_functions import AsUtc, UtcNow, aware_utc, in_namespace
+from django_tasklock.backends.database.functions import AsUtc, UtcNow, aware_utc, in_namespace
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet

@@ -35,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 
 from django.db import Error, OperationalError
 
-from django_tasklock.backends.db_connections import connection_for
+from django_tasklock.backends.database.connections import connection_for
 
 #: How long, in all, a lock statement keeps retrying a busy database.
 BUSY_WAIT = 30.0

@@ -3,15 +3,15 @@
 Atomicity comes from the primary key: two concurrent inserts of one key cannot
 both succeed, so acquisition is an ORM ``create()`` and an ``IntegrityError``
 on the key means "held" (once the row is seen to exist). Every time is the
-database server's clock in UTC (``UtcNow``, see ``db_functions``), so
+database server's clock in UTC (``UtcNow``, see ``functions``), so
 neither workers' clocks nor sessions' time zones decide who holds a key.
 
 Statements run in autocommit, one round trip each: acquiring a free key is one
 INSERT, releasing is one DELETE, a refresh is one UPDATE. Only an INSERT that
 conflicts is followed by a SELECT of the row, which tells "held" from "free to
-take over" (expired, or older than 24 h: see ``db_rows``) by the server's
+take over" (expired, or older than 24 h: see ``rows``) by the server's
 clock. A release with ``min_hold`` is one UPDATE while the hold lasts; a
-fence is one more statement (see ``db_fences``).
+fence is one more statement (see ``fences``).
 
 ``QuerySet.delete()`` is avoided on purpose: it wraps itself in a transaction,
 and with signal receivers it deletes by primary key after a SELECT, which
@@ -28,10 +28,11 @@ from django.db import Error, IntegrityError, connections
 from django.db.models import F
 from django.db.models.functions import Least
 
-from django_tasklock.backends import db_rows, db_statements
 from django_tasklock.backends.base import BaseBackend, HeldLock, Refresh, storage_key
-from django_tasklock.backends.db_checks import check_lock_database
-from django_tasklock.backends.db_connections import (
+from django_tasklock.backends.database import rows as db_rows
+from django_tasklock.backends.database import statements as db_statements
+from django_tasklock.backends.database.checks import check_lock_database
+from django_tasklock.backends.database.connections import (
     alias_for_reading,
     alias_for_writing,
     close_connections,
@@ -40,14 +41,14 @@ from django_tasklock.backends.db_connections import (
     names_missing_table,
     savepoint_if_in_transaction,
 )
-from django_tasklock.backends.db_fences import (
+from django_tasklock.backends.database.fences import (
     next_fence_in_transaction,
     next_fence_upsert,
     upsert_returns,
 )
-from django_tasklock.backends.db_functions import UtcNow
+from django_tasklock.backends.database.functions import UtcNow
+from django_tasklock.backends.database.retries import retry_on_new_connection, retry_when_busy
 from django_tasklock.backends.forksafe import ForkSafeLock
-from django_tasklock.backends.retries import retry_on_new_connection, retry_when_busy
 from django_tasklock.conf import conf
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class DatabaseBackend(BaseBackend):
     Inside the caller's transaction the lock's statements go through a second
     connection to the same database, opened for them and closed right after,
     so that a lease is committed, and visible to other workers, at once (see
-    ``db_connections``). Under a
+    ``connections``). Under a
     Django ``TestCase`` the test's own transaction is used instead, and the
     heartbeat (whose thread cannot see that transaction) leaves such leases
     alone: keep work under a ``TestCase`` shorter than its ``ttl``.
@@ -88,7 +89,7 @@ class DatabaseBackend(BaseBackend):
 
     @classmethod
     def check(cls) -> list[Any]:
-        """E006: no such ``TASKLOCK_DATABASE``; W001: SQLite with ATOMIC_REQUESTS (db_checks)."""
+        """E006: no such ``TASKLOCK_DATABASE``; W001: SQLite with ATOMIC_REQUESTS (checks)."""
         return check_lock_database(conf.DATABASE)
 
     # -- the contract ------------------------------------------------------
@@ -218,7 +219,7 @@ class DatabaseBackend(BaseBackend):
         """Increment ``tasklock_fences`` for ``key`` while ``token`` holds the live row.
 
         One statement on PostgreSQL and SQLite, a short transaction elsewhere
-        (see ``db_fences``).
+        (see ``fences``).
         """
         with alias_for_writing(self.using) as alias:
             held = db_rows.live_lease(self._model(), alias, storage_key(key), token)

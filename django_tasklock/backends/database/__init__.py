@@ -1,0 +1,15 @@
+"""The database backend: leases as rows of the ``cache_entries`` table.
+
+One module a concern, the way Django's ``db/backends/<vendor>/`` reads:
+``backend`` (the backend class), ``statements`` (its compiled SQL),
+``connections`` (which connection each statement uses, and the acquire's
+savepoint), ``retries`` (re-sending after a dead connection or a busy file),
+``rows`` (which rows are live or stale), ``functions`` (the server's UTC
+clock), ``fences``, ``checks`` (its system check) and ``postgres`` (the
+variant that insists on PostgreSQL).
+"""
+
+from django_tasklock.backends.database.backend import DatabaseBackend
+from django_tasklock.backends.database.postgres import PostgresBackend
+
+__all__ = ["DatabaseBackend", "PostgresBackend"]
