@@ -15,6 +15,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from django_tasklock.signals import lock_lost
@@ -111,6 +112,11 @@ class Lease:
         #: Set while the release waits for the caller's transaction to end.
         self.pending: PendingRelease | None = None
         self._lost = False
+        #: Why the lease was lost (``"expired"``, ``"taken"``, ...), once it was.
+        self.reason: str | None = None
+        #: Set at the declaration of the loss: for code that waits on it.
+        self.lost_event = threading.Event()
+        self._loss_callbacks: list[Callable[[Lease], None]] = []
         self._capped = False  # the max_lifetime warning was logged
         self._lost_lock = threading.Lock()
 
@@ -125,13 +131,38 @@ class Lease:
         if self.mark_lost():
             self.announce_loss(when)
 
-    def mark_lost(self) -> bool:
-        """Set ``lost``; True the first time only (then announce it)."""
+    def mark_lost(self, reason: str | None = None) -> bool:
+        """Set ``lost`` (and ``reason``, ``lost_event``); True the first time only.
+
+        The first time, the callbacks given to :meth:`on_loss` run here, on the
+        declaring thread, before this returns; the caller then announces it.
+        """
         with self._lost_lock:
             if self._lost:
                 return False
+            self.reason = reason
             self._lost = True
-            return True
+            callbacks = list(self._loss_callbacks)
+        self.lost_event.set()
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("A loss callback of task lock %r failed.", self.key)
+        return True
+
+    def on_loss(self, callback: Callable[[Lease], None]) -> None:
+        """Call ``callback(lease)`` at the declaration of the loss (at once if already lost).
+
+        It runs on the thread that declares the loss (the heartbeat's or the
+        deadline watcher's): it must be quick and never block, e.g.
+        ``loop.call_soon_threadsafe(task.cancel)``.
+        """
+        with self._lost_lock:
+            if not self._lost:
+                self._loss_callbacks.append(callback)
+                return
+        callback(self)
 
     def announce_loss(self, when: str) -> None:
         """The warning and the ``lock_lost`` signal for a loss just marked."""
