@@ -61,7 +61,7 @@ class AcquireIgnoresMaxLifetime(MemoryBackend):
 
 class ReleaseNotBoundToToken(MemoryBackend):
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
-        return self.force_release(key)
+        return self.force_release(key) is not None
 
 
 class RefreshNotBoundToToken(MemoryBackend):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, NamedTuple
@@ -36,6 +37,15 @@ def storage_key(key: str) -> str:
 def caller_key(stored: str) -> str:
     """The caller's key from a stored key."""
     return stored[len(KEY_PREFIX) :]
+
+
+def lease_id(token: str) -> str:
+    """A short name of one lease, safe to show: a digest of its token, never the token.
+
+    Operators confirm a force release of the lease a page or a prompt showed
+    by this name, so that a key that changed hands meanwhile is not released.
+    """
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +75,9 @@ class HeldLock:
     acquired_at: datetime  #: aware, UTC, by the storage's clock
     expires_at: datetime  #: aware, UTC, by the storage's clock
     seconds_left: float  #: by the storage's clock at the time of reading
+    #: this lease's name (:func:`lease_id` of its token): another holder's lease
+    #: of the same key has another
+    lease: str = ""
 
 
 class Refresh(NamedTuple):
@@ -157,8 +170,16 @@ class BaseBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def force_release(self, key: str) -> bool:
-        """Delete the lease of ``key`` whoever holds it (operators only). True if deleted."""
+    def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
+        """End the live lease of ``key`` whoever holds it (operators only).
+
+        With ``lease`` (a :attr:`HeldLock.lease` an operator was shown), only
+        that lease is ended: if the key changed hands meanwhile, nothing is.
+        Without it, the lease holding the key now is. Either way the deletion
+        is bound to that lease's token, so a re-sent deletion never ends a
+        successor's lease. Returns the lease ended, or None when there was
+        none to end.
+        """
 
     @abc.abstractmethod
     def peek(self, key: str) -> HeldLock | None:

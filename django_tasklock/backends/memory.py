@@ -16,6 +16,7 @@ from django_tasklock.backends.base import (
     Capabilities,
     HeldLock,
     Holder,
+    lease_id,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
 
@@ -110,11 +111,15 @@ class MemoryBackend(BaseBackend):
             self._fences[key] = self._fences.get(key, 0) + 1
             return self._fences[key]
 
-    def force_release(self, key: str) -> bool:
-        """Delete ``key``'s lease; True only if it was live."""
+    def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
+        """End ``key``'s live lease (only the one named ``lease``, when given)."""
         with self._lock:
-            lease = self._leases.pop(key, None)
-            return lease is not None and not self._is_free(lease, self._clock())
+            now = self._clock()
+            found = self._live(key, now)
+            if found is None or (lease is not None and lease_id(found.token) != lease):
+                return None
+            del self._leases[key]
+            return self._held(key, found, now)
 
     def peek(self, key: str) -> HeldLock | None:
         with self._lock:
@@ -152,4 +157,5 @@ class MemoryBackend(BaseBackend):
             acquired_at=wall - timedelta(seconds=now - lease.acquired),
             expires_at=wall + timedelta(seconds=lease.expires - now),
             seconds_left=lease.expires - now,
+            lease=lease_id(lease.token),
         )

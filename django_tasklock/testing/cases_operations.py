@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from django_tasklock.backends.base import KEY_PREFIX, BaseBackend, storage_key
+from django_tasklock.backends.base import KEY_PREFIX, BaseBackend, lease_id, storage_key
 from django_tasklock.service import TaskLockService, new_token
 from django_tasklock.testing.support import (
     LIFE,
@@ -131,6 +131,40 @@ class OperationCases:
         assert not stale & stored_keys()
         assert backend.peek(key + "-live") is not None
         assert backend.force_release(key + "-live")
+
+    # -- force release of the lease shown -------------------------------------------
+
+    def test_force_release_ends_the_lease_named_and_says_which(
+        self, backend: BaseBackend, key: str
+    ) -> None:
+        token = new_token()
+        assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        shown = backend.peek(key)
+        assert shown is not None and shown.lease == lease_id(token)
+        assert token not in repr(shown), "the token is never shown"
+        released = backend.force_release(key, shown.lease)
+        assert released is not None and released.lease == shown.lease
+        assert backend.peek(key) is None
+        assert backend.force_release(key, shown.lease) is None, "nothing left to end"
+        assert backend.force_release(key) is None
+
+    def test_force_release_of_a_lease_that_changed_hands_ends_nothing(
+        self, backend: BaseBackend, key: str
+    ) -> None:
+        first, second = new_token(), new_token()
+        assert backend.acquire(key, first, ttl=LONG, max_lifetime=LIFE)
+        shown = backend.peek(key)  # what the operator's page showed
+        assert shown is not None
+        assert backend.release(key, first)
+        assert backend.acquire(key, second, ttl=LONG, max_lifetime=LIFE)
+        assert backend.force_release(key, shown.lease) is None
+        now = backend.peek(key)
+        assert now is not None and now.lease == lease_id(second) != shown.lease
+        assert backend.refresh(key, second, ttl=LONG, max_lifetime=LIFE)
+        # Without a lease named, the holder of the moment is released, and named.
+        released = backend.force_release(key)
+        assert released is not None and released.lease == lease_id(second)
+        assert not backend.refresh(key, second, ttl=LONG, max_lifetime=LIFE)
 
     # -- bad input ---------------------------------------------------------------------
 

@@ -43,8 +43,8 @@ class FaultyBackend(BaseBackend):
     def fence(self, key: str, token: str) -> int | None:
         return self.inner.fence(key, token)
 
-    def force_release(self, key: str) -> bool:
-        return self.inner.force_release(key)
+    def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
+        return self.inner.force_release(key, lease)
 
     def peek(self, key: str) -> HeldLock | None:
         return self.inner.peek(key)

@@ -65,8 +65,9 @@ class SkewedWorker(BaseBackend):
             return bool(self._call("release", key, token))
         return bool(self._call("release", key, token, min_hold=min_hold))
 
-    def force_release(self, key: str) -> bool:
-        return bool(self._call("force_release", key))
+    def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
+        released: HeldLock | None = self._call("force_release", key, lease)
+        return released
 
     def peek(self, key: str) -> HeldLock | None:
         held: HeldLock | None = self._call("peek", key)

@@ -231,13 +231,25 @@ class DatabaseBackend(BaseBackend):
             return next_fence_in_transaction(alias, key, held)
 
     @names_missing_table
+    @retry_when_busy
+    def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
+        """Look at the live row, then delete it by the token seen: never a successor's."""
+        stored = storage_key(key)
+        with alias_for_writing(self.using) as alias:
+            row = db_rows.live(self._model(), alias).filter(key=stored).first()
+        if row is None:
+            return None
+        found = db_rows.held(row)
+        if lease is not None and found.lease != lease:
+            return None
+        return found if self._delete_lease(stored, row.value) else None
+
     @retry_on_new_connection
     @retry_when_busy
-    def force_release(self, key: str) -> bool:
+    def _delete_lease(self, stored: str, token: str) -> bool:
+        """Delete the row of ``stored`` while ``token`` is in it, live or not."""
         with alias_for_writing(self.using) as alias:
-            return bool(
-                self._model().objects.using(alias).filter(key=storage_key(key))._raw_delete(alias)
-            )
+            return bool(self._release_statements(alias)[1].run(alias, stored, token))
 
     @names_missing_table
     def peek(self, key: str) -> HeldLock | None:

@@ -16,7 +16,7 @@ from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Q
 
-from django_tasklock.backends.base import STALE_AFTER, HeldLock, Holder, caller_key
+from django_tasklock.backends.base import STALE_AFTER, HeldLock, Holder, caller_key, lease_id
 from django_tasklock.backends.database.functions import AsUtc, UtcNow, aware_utc, in_namespace
 
 if TYPE_CHECKING:
@@ -93,4 +93,5 @@ def held(row: CacheEntry) -> HeldLock:
         acquired_at=aware_utc(row.utc_created),  # type: ignore[attr-defined]
         expires_at=expires_at,
         seconds_left=max(0.0, (expires_at - server_now).total_seconds()),
+        lease=lease_id(row.value),
     )

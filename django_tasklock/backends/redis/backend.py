@@ -32,6 +32,7 @@ from django_tasklock.backends.base import (
     Holder,
     Refresh,
     caller_key,
+    lease_id,
     storage_key,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
@@ -200,8 +201,14 @@ class RedisBackend(BaseBackend):
         )
         return None if reply is None else int(reply)
 
-    def force_release(self, key: str) -> bool:
-        return bool(self._conn().delete(storage_key(key)))
+    def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
+        """Look, then delete by the token seen (the ``evict`` script): never a successor's."""
+        stored = storage_key(key)
+        reply = self._run("inspect", stored, _STALE_MS)
+        found = self._held(key, reply)
+        if found is None or (lease is not None and found.lease != lease):
+            return None
+        return found if self._run("evict", stored, _text(reply[0])) else None
 
     def _run_all(self, name: str, *args: Any) -> list[tuple[str, Any]]:
         """Run a script on every key in the namespace: (caller's key, reply) by key."""
@@ -242,6 +249,7 @@ class RedisBackend(BaseBackend):
             acquired_at=_EPOCH + timedelta(milliseconds=acquired_ms),
             expires_at=now + timedelta(milliseconds=pttl),
             seconds_left=pttl / 1000,
+            lease=lease_id(token),
         )
 
     def peek(self, key: str) -> HeldLock | None:

@@ -86,6 +86,14 @@ if hold > 0 then
 end
 return redis.call('DEL', KEYS[1])
 """,
+    # ARGV: a token as "inspect" gives it (a foreign value: the whole value).
+    # 1 if that lease was deleted; a successor's is never touched.
+    "evict": """
+local value = redis.pcall('GET', KEYS[1])
+local token = parse(value)
+if token ~= ARGV[1] and value ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])
+""",
     # KEYS[2]: the fence counter. ARGV: token, stale_ms. The key's next fencing
     # token while ARGV[1] holds the live lease, else nil.
     "fence": """
