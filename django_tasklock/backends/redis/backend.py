@@ -193,7 +193,12 @@ class RedisBackend(BaseBackend):
         return bool(self._run("release", storage_key(key), token, hold_ms))
 
     def fence(self, key: str, token: str) -> int | None:
-        """``INCR tasklock-fence:<key>`` in the same script that checks the lease."""
+        """``INCR tasklock-fence:<key>`` in the same script that checks the lease.
+
+        Never less than the server's clock in microseconds, so that a counter
+        lost with a restart, ``FLUSHDB`` or a failover starts again above
+        every fence handed out before (unless that clock went back).
+        """
         self._conn()
         reply = self._scripts["fence"](
             keys=[storage_key(key), FENCE_PREFIX + key], args=[token, _STALE_MS]
