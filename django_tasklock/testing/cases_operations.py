@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from django_tasklock.backends.base import KEY_PREFIX, BaseBackend, storage_key
+from django_tasklock.backends.base import KEY_PREFIX, BaseBackend, Holder, storage_key
 from django_tasklock.service import TaskLockService, new_token
 from django_tasklock.testing.support import (
     LIFE,
@@ -101,6 +101,36 @@ class OperationCases:
             assert 29 <= held.seconds_left <= 30
             assert abs((held.expires_at - held.acquired_at).total_seconds() - 30) < 1
         assert backend.peek(key + "-x") is None
+
+    def test_a_value_the_lock_did_not_write_shows_an_unknown_holder(
+        self, contract_backend: ContractBackend, key: str
+    ) -> None:
+        # Another tool's live row in the namespace, or a damaged one: it holds
+        # its key, but never breaks peek or list for every other lock.
+        plant = require(contract_backend, "plant")
+        backend = contract_backend.backend
+        foreign = {
+            f"{key}-superscript-pid": "host:\u00b2:secret",  # isdigit(), but not int()
+            f"{key}-arabic-pid": "host:\u0663:secret",  # int() would read 3
+            f"{key}-huge-pid": "host:" + "9" * 5000 + ":secret",  # past int()'s digit limit
+            f"{key}-no-secret": "host:12:",
+            f"{key}-no-token": "not a lock",
+            f"{key}-empty": "",
+        }
+        for foreign_key, value in foreign.items():
+            plant(storage_key(foreign_key), value, timedelta(0), LONG)
+        token = new_token()
+        assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        listed = {held.key: held for held in backend.list() if held.key.startswith(key)}
+        assert set(listed) == {key, *foreign}
+        assert listed[key].holder == Holder.from_token(token)
+        assert listed[key].holder.pid is not None
+        for foreign_key in foreign:
+            assert listed[foreign_key].holder == Holder("?", None), foreign_key
+            seen = backend.peek(foreign_key)
+            assert seen is not None
+            assert seen.holder == Holder("?", None), foreign_key
+            assert not backend.acquire(foreign_key, new_token(), ttl=LONG, max_lifetime=LIFE)
 
     def test_clear_stale_deletes_expired_and_abandoned_leases_only(
         self, contract_backend: ContractBackend, backend: BaseBackend, key: str

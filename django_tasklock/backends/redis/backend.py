@@ -27,6 +27,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django_tasklock.backends.base import (
     KEY_PREFIX,
     STALE_AFTER,
+    UNKNOWN_HOLDER,
     BaseBackend,
     HeldLock,
     Holder,
@@ -241,9 +242,15 @@ class RedisBackend(BaseBackend):
             return None
         token, acquired_ms, pttl, now_ms = _text(reply[0]), *map(int, reply[1:])
         now = _EPOCH + timedelta(milliseconds=now_ms)
+        holder = Holder.from_token(token)
+        if not 0 <= acquired_ms <= now_ms:
+            # No lease written here began before 1970 or after now (a time
+            # past any date also comes back from Lua as a bogus integer): the
+            # value is not ours, and shown as unknown, acquired when read.
+            holder, acquired_ms = UNKNOWN_HOLDER, now_ms
         return HeldLock(
             key=key,
-            holder=Holder.from_token(token),
+            holder=holder,
             acquired_at=_EPOCH + timedelta(milliseconds=acquired_ms),
             expires_at=now + timedelta(milliseconds=pttl),
             seconds_left=pttl / 1000,
