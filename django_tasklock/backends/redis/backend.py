@@ -243,9 +243,9 @@ class RedisBackend(BaseBackend):
         token, acquired_ms, pttl, now_ms = _text(reply[0]), *map(int, reply[1:])
         now = _EPOCH + timedelta(milliseconds=now_ms)
         holder = Holder.from_token(token)
-        if not 0 <= acquired_ms <= now_ms:
-            # No lease written here began before 1970 or after now (a time
-            # past any date also comes back from Lua as a bogus integer): the
+        if not 0 <= acquired_ms <= now_ms + _STALE_MS:
+            # No lease written here began before 1970 or a day after now (a
+            # time past any date comes back from Lua as a bogus integer): the
             # value is not ours, and shown as unknown, acquired when read.
             holder, acquired_ms = UNKNOWN_HOLDER, now_ms
         return HeldLock(
