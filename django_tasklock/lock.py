@@ -297,11 +297,23 @@ class Lock:
             lease.report_lost("release")
 
     def _undo(self, attempt: asyncio.Future[tuple[bool, float | None]]) -> None:
-        """Release what an attempt abandoned by a cancelled caller acquired."""
+        """Release what an attempt abandoned by a cancelled caller acquired.
+
+        A cancellation that lands as the attempt finishes lets the caller's
+        own clean-up (``if lock.held: await lock.arelease()``) see the grant
+        too: whichever comes second finds the lease released and does nothing.
+        """
         if attempt.cancelled() or attempt.exception() is not None:
             return
         if attempt.result()[0]:
-            keep(off_loop(self.release)())
+            keep(off_loop(self._release_if_held)(self._lease))
+
+    def _release_if_held(self, lease: Lease | None) -> None:
+        # Run where every step of this lock runs (``off_loop``: one thread at a
+        # time), so the check and the release are never interleaved with
+        # another release; ``lease`` is the grant the abandoned attempt made.
+        if self._held and self._lease is lease:
+            self.release()
 
 
 def _discard(backend: BaseBackend, key: str, token: str) -> None:

@@ -91,3 +91,32 @@ def test_a_foreign_hash_at_our_key_is_held_or_taken_over_never_a_stuck_heartbeat
         assert backend.release(key, token)
     finally:
         client.delete(stored)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "someone@" + "9" * 30,  # an acquisition time past any date
+        "someone@" + "9" * 400,  # past a Lua number: inf
+        "host:12:secret@99999999999999",  # our format, a time past the year 9999
+    ],
+)
+def test_a_foreign_value_with_an_absurd_time_is_listed_as_unknown(value: str, key: str) -> None:
+    require_service("redis")
+    url = settings.REDIS_URL
+    assert url is not None
+    client, backend = redis.Redis.from_url(url), RedisBackend(url=url)
+    stored = storage_key(key)
+    try:
+        client.set(stored, value, px=30_000)
+        held = backend.peek(key)
+        assert held is not None
+        assert held.holder.pid is None
+        assert 0 < held.seconds_left <= 30
+        assert held.acquired_at <= held.expires_at
+        assert key in [lock.key for lock in backend.list()]
+        assert not backend.acquire(
+            key, new_token(), ttl=timedelta(seconds=LONG), max_lifetime=timedelta(seconds=LIFE)
+        )
+    finally:
+        client.delete(stored)

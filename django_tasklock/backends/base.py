@@ -48,6 +48,10 @@ def lease_id(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
+# Longer than any pid an operating system gives (Linux: at most 2**22).
+_PID_DIGITS = 10
+
+
 @dataclasses.dataclass(frozen=True)
 class Holder:
     """Who holds a lease: the host and pid named in its token (never the secret)."""
@@ -57,13 +61,25 @@ class Holder:
 
     @classmethod
     def from_token(cls, token: str) -> Holder:
-        """Parse ``host:pid:secret``; foreign or damaged values give pid ``None``."""
-        host, _, _secret = token.rpartition(":")
-        host, _, pid = host.rpartition(":")
-        return cls(host=host or "?", pid=int(pid) if pid.isdigit() else None)
+        """Parse ``host:pid:secret``; anything else is the unknown holder ``?:?``.
+
+        A value the lock did not write (another tool's row, a damaged one)
+        must never break a listing: the pid counts only as ASCII digits of a
+        sane length (``str.isdigit()`` also accepts ``"²"``, which ``int()``
+        rejects, and ``int()`` refuses thousands of digits).
+        """
+        rest, _, secret = token.rpartition(":")
+        host, _, pid = rest.rpartition(":")
+        if not (host and secret and pid.isascii() and pid.isdigit() and len(pid) <= _PID_DIGITS):
+            return UNKNOWN_HOLDER
+        return cls(host=host, pid=int(pid))
 
     def __str__(self) -> str:
         return f"{self.host}:{self.pid if self.pid is not None else '?'}"
+
+
+#: Who holds a lease whose value the lock did not write.
+UNKNOWN_HOLDER = Holder(host="?", pid=None)
 
 
 @dataclasses.dataclass(frozen=True)

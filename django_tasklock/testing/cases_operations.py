@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from django_tasklock.backends.base import KEY_PREFIX, BaseBackend, lease_id, storage_key
+from django_tasklock.backends.base import KEY_PREFIX, BaseBackend, Holder, lease_id, storage_key
 from django_tasklock.service import TaskLockService, new_token
 from django_tasklock.testing.support import (
     LIFE,
@@ -102,6 +102,36 @@ class OperationCases:
             assert abs((held.expires_at - held.acquired_at).total_seconds() - 30) < 1
         assert backend.peek(key + "-x") is None
 
+    def test_a_value_the_lock_did_not_write_shows_an_unknown_holder(
+        self, contract_backend: ContractBackend, key: str
+    ) -> None:
+        # Another tool's live row in the namespace, or a damaged one: it holds
+        # its key, but never breaks peek or list for every other lock.
+        plant = require(contract_backend, "plant")
+        backend = contract_backend.backend
+        foreign = {
+            f"{key}-superscript-pid": "host:\u00b2:secret",  # isdigit(), but not int()
+            f"{key}-arabic-pid": "host:\u0663:secret",  # int() would read 3
+            f"{key}-huge-pid": "host:" + "9" * 5000 + ":secret",  # past int()'s digit limit
+            f"{key}-no-secret": "host:12:",
+            f"{key}-no-token": "not a lock",
+            f"{key}-empty": "",
+        }
+        for foreign_key, value in foreign.items():
+            plant(storage_key(foreign_key), value, timedelta(0), LONG)
+        token = new_token()
+        assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        listed = {held.key: held for held in backend.list() if held.key.startswith(key)}
+        assert set(listed) == {key, *foreign}
+        assert listed[key].holder == Holder.from_token(token)
+        assert listed[key].holder.pid is not None
+        for foreign_key in foreign:
+            assert listed[foreign_key].holder == Holder("?", None), foreign_key
+            seen = backend.peek(foreign_key)
+            assert seen is not None
+            assert seen.holder == Holder("?", None), foreign_key
+            assert not backend.acquire(foreign_key, new_token(), ttl=LONG, max_lifetime=LIFE)
+
     def test_clear_stale_deletes_expired_and_abandoned_leases_only(
         self, contract_backend: ContractBackend, backend: BaseBackend, key: str
     ) -> None:
@@ -140,10 +170,12 @@ class OperationCases:
         token = new_token()
         assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
         shown = backend.peek(key)
-        assert shown is not None and shown.lease == lease_id(token)
+        assert shown is not None
+        assert shown.lease == lease_id(token)
         assert token not in repr(shown), "the token is never shown"
         released = backend.force_release(key, shown.lease)
-        assert released is not None and released.lease == shown.lease
+        assert released is not None
+        assert released.lease == shown.lease
         assert backend.peek(key) is None
         assert backend.force_release(key, shown.lease) is None, "nothing left to end"
         assert backend.force_release(key) is None
@@ -159,11 +191,13 @@ class OperationCases:
         assert backend.acquire(key, second, ttl=LONG, max_lifetime=LIFE)
         assert backend.force_release(key, shown.lease) is None
         now = backend.peek(key)
-        assert now is not None and now.lease == lease_id(second) != shown.lease
+        assert now is not None
+        assert now.lease == lease_id(second) != shown.lease
         assert backend.refresh(key, second, ttl=LONG, max_lifetime=LIFE)
         # Without a lease named, the holder of the moment is released, and named.
         released = backend.force_release(key)
-        assert released is not None and released.lease == lease_id(second)
+        assert released is not None
+        assert released.lease == lease_id(second)
         assert not backend.refresh(key, second, ttl=LONG, max_lifetime=LIFE)
 
     # -- bad input ---------------------------------------------------------------------

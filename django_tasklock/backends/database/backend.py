@@ -252,12 +252,14 @@ class DatabaseBackend(BaseBackend):
             return bool(self._release_statements(alias)[1].run(alias, stored, token))
 
     @names_missing_table
+    @retry_when_busy
     def peek(self, key: str) -> HeldLock | None:
         with alias_for_reading(self.using) as alias:
             found = db_rows.live(self._model(), alias).filter(key=storage_key(key)).first()
         return db_rows.held(found) if found is not None else None
 
     @names_missing_table
+    @retry_when_busy
     def list(self) -> list[HeldLock]:
         with alias_for_reading(self.using) as alias:
             rows = db_rows.live(self._model(), alias).order_by("key")

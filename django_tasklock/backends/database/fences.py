@@ -5,6 +5,12 @@ that sweeps lock rows (expiry, the 24 h cap, ``clear_stale``, a force release)
 can reset it. It is incremented only while the asking token holds the key's
 live lease, in one atomic step with that check: a holder paused between
 acquiring and fencing must never get a number above its successor's.
+
+The counters are as durable as the database's other rows, and that is the
+promise: a truncated table, a backup restored from before a key's last
+grant, or a failover that lost commits starts them again lower (the README
+says so). Redis, whose data may vanish on a restart, floors its fences at
+the server's clock instead.
 """
 
 from __future__ import annotations

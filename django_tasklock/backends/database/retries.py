@@ -10,7 +10,10 @@ for the connection's ``timeout`` (5 s unless ``OPTIONS`` say otherwise), then
 fails with ``database is locked``; under a few busy writers on a loaded host
 that happens although nothing is wrong. A busy failure is retried, for up
 to :data:`BUSY_WAIT` in all, before the error is raised as the real error it
-then is (never as "held").
+then is (never as "held"). Reads (``peek``, ``list``, and so a waiter's
+looks at a held key) are retried the same way: a file busy with another
+connection's write must not make ``wait=`` raise where a single attempt at
+the same moment would not.
 
 **A deadlock on MySQL/MariaDB.** InnoDB may pick one of two statements on
 the same index range as a deadlock victim (error 1213) or give up waiting

@@ -27,6 +27,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django_tasklock.backends.base import (
     KEY_PREFIX,
     STALE_AFTER,
+    UNKNOWN_HOLDER,
     BaseBackend,
     HeldLock,
     Holder,
@@ -194,7 +195,12 @@ class RedisBackend(BaseBackend):
         return bool(self._run("release", storage_key(key), token, hold_ms))
 
     def fence(self, key: str, token: str) -> int | None:
-        """``INCR tasklock-fence:<key>`` in the same script that checks the lease."""
+        """``INCR tasklock-fence:<key>`` in the same script that checks the lease.
+
+        Never less than the server's clock in microseconds, so that a counter
+        lost with a restart, ``FLUSHDB`` or a failover starts again above
+        every fence handed out before (unless that clock went back).
+        """
         self._conn()
         reply = self._scripts["fence"](
             keys=[storage_key(key), FENCE_PREFIX + key], args=[token, _STALE_MS]
@@ -243,9 +249,15 @@ class RedisBackend(BaseBackend):
             return None
         token, acquired_ms, pttl, now_ms = _text(reply[0]), *map(int, reply[1:])
         now = _EPOCH + timedelta(milliseconds=now_ms)
+        holder = Holder.from_token(token)
+        if not 0 <= acquired_ms <= now_ms + _STALE_MS:
+            # No lease written here began before 1970 or a day after now (a
+            # time past any date comes back from Lua as a bogus integer): the
+            # value is not ours, and shown as unknown, acquired when read.
+            holder, acquired_ms = UNKNOWN_HOLDER, now_ms
         return HeldLock(
             key=key,
-            holder=Holder.from_token(token),
+            holder=holder,
             acquired_at=_EPOCH + timedelta(milliseconds=acquired_ms),
             expires_at=now + timedelta(milliseconds=pttl),
             seconds_left=pttl / 1000,

@@ -95,11 +95,24 @@ if token ~= ARGV[1] and value ~= ARGV[1] then return 0 end
 return redis.call('DEL', KEYS[1])
 """,
     # KEYS[2]: the fence counter. ARGV: token, stale_ms. The key's next fencing
-    # token while ARGV[1] holds the live lease, else nil.
+    # token while ARGV[1] holds the live lease, else nil: one more than the
+    # last, and never less than the server's clock in microseconds, so that a
+    # counter lost (a restart without persistence, FLUSHDB, an eviction, a
+    # failover that dropped writes) starts again above every fence handed out
+    # before. Microseconds since 1970 stay exact in a Lua number (a double)
+    # until the year 2255, and far within a 64-bit integer.
     "fence": """
+local t = redis.call('TIME')
 local token = parse(redis.pcall('GET', KEYS[1]))
-if token ~= ARGV[1] or is_free(KEYS[1], now_ms(), tonumber(ARGV[2])) then return nil end
-return redis.call('INCR', KEYS[2])
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if token ~= ARGV[1] or is_free(KEYS[1], now, tonumber(ARGV[2])) then return nil end
+local fence = redis.call('INCR', KEYS[2])
+local clock_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if fence < clock_us then
+  fence = clock_us
+  redis.call('SET', KEYS[2], string.format('%.0f', fence))
+end
+return fence
 """,
     # ARGV: stale_ms. nil if free, else {token, acquired_ms, pttl, now_ms}; a value
     # not written here gives itself as the token and the time of reading.

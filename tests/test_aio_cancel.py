@@ -1,0 +1,86 @@
+"""Cancelling ``arun_exclusive`` at any moment around the acquisition: one release, no noise.
+
+A cancellation that lands as the acquisition finishes in its worker thread
+finds the key taken both by the caller's ``finally`` and by the clean-up of
+the abandoned attempt; only one of them may release it. The other used to
+raise ``RuntimeError("... is not held")`` in a background task, reported by
+asyncio as "Task exception was never retrieved".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from django_tasklock import aio
+from django_tasklock.service import TaskLockService
+from django_tasklock.testing import ContractBackend
+from tests.conftest import database_backend, redis_backend, require_service
+
+pytestmark = pytest.mark.databases
+
+ROUNDS = 300
+
+
+@pytest.fixture(params=["sqlite", "postgres", "redis"])
+def storage(request: pytest.FixtureRequest, key: str) -> Iterator[ContractBackend]:
+    if request.param == "sqlite":
+        yield database_backend("default")
+    elif request.param == "postgres":
+        require_service("postgres")
+        yield database_backend("postgres")
+    else:
+        require_service("redis")
+        yield from redis_backend(key)
+
+
+async def _work() -> None:
+    await asyncio.sleep(0)
+
+
+async def _cancel_around_acquisitions(service: TaskLockService, key: str) -> dict[str, Any]:
+    """Start ``ROUNDS`` runs and cancel each at a moment spread around its acquisition."""
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
+    started = time.perf_counter()
+    for _ in range(5):
+        assert (await service.arun_exclusive(key, _work)).acquired
+    took = (time.perf_counter() - started) / 5
+    ran = cancelled = 0
+    for _ in range(ROUNDS):
+        task = asyncio.create_task(service.arun_exclusive(key, _work, ttl=30))
+        loop.call_later(random.uniform(0, 1.5 * took), task.cancel)
+        try:
+            ran += (await task).acquired
+        except asyncio.CancelledError:
+            cancelled += 1
+    for _ in range(500):  # the releases of abandoned attempts finish in the background
+        if not aio._background:
+            break
+        await asyncio.sleep(0.01)
+    gc.collect()  # a task whose exception nobody retrieved is reported when collected
+    await asyncio.sleep(0)
+    await sync_to_async(service.backend.close)()  # the worker thread's connection
+    return {"unhandled": unhandled, "ran": ran, "cancelled": cancelled}
+
+
+def test_cancelling_around_the_acquisition_releases_once_and_leaves_nothing(
+    storage: ContractBackend, key: str
+) -> None:
+    service = TaskLockService(storage.backend)
+    outcome = asyncio.run(_cancel_around_acquisitions(service, key))
+    unhandled = outcome["unhandled"]
+    assert unhandled == [], (
+        f"{len(unhandled)} unhandled in {outcome['cancelled']} cancellations: {unhandled[0]}"
+    )
+    assert outcome["cancelled"] > 0
+    assert storage.backend.peek(key) is None
+    assert not aio._background
