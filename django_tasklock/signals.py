@@ -13,3 +13,11 @@ from django.dispatch import Signal
 lock_acquired = Signal()
 lock_released = Signal()
 lock_lost = Signal()
+#: A lease with ``progress_timeout`` whose work stopped calling ``progress()``: no
+#: longer refreshed, it will run out. Sent once, from the heartbeat thread.
+lock_stalled = Signal()
+#: ``@exclusive``, ``run_exclusive`` or ``arun_exclusive`` did not run its work: the
+#: key was held. Sent on the caller's thread with ``key``, ``holder`` (None if the
+#: key came free before it could be read), ``acquired_at`` and ``expires_at``
+#: (aware UTC datetimes, or None likewise).
+lock_skipped = Signal()
