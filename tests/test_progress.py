@@ -77,6 +77,8 @@ def test_a_wedged_holder_loses_the_key_within_progress_timeout_plus_ttl(
         assert ttl <= took <= progress_timeout + ttl + SLACK, took
         assert [sent["key"] for sent in stalled] == [key]  # once
         assert stalled[0]["holder"] == holder.holder
+        # Still wedged: the heartbeat itself declared the loss when the lease ran out.
+        assert holder.wait_lost(SLACK)
     finally:
         unblock.set()
         thread.join(30)
