@@ -2,8 +2,9 @@
 
 Each is sent with keyword arguments ``key`` (the caller's key, without the
 ``task-lock:`` prefix) and ``holder`` (a :class:`~django_tasklock.backends.base.Holder`
-naming host and pid; never the secret token). ``lock_lost`` may be sent from
-the heartbeat thread, or from its watchdog thread (see ``watchdog``).
+naming host and pid; never the secret token); ``lock_skipped`` adds
+``acquired_at`` and ``expires_at``. ``lock_lost`` may be sent from the
+heartbeat thread, or from its watchdog thread (see ``watchdog``).
 """
 
 from __future__ import annotations
