@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
 from django.test import override_settings
 
 from django_tasklock import TaskLockService, lock_stalled
@@ -207,3 +208,18 @@ def test_without_progress_timeout_a_silent_holder_keeps_the_key(
         assert not service.lock("quiet").try_acquire()
         assert not held.lost
     assert stalled == []
+
+
+@pytest.mark.databases
+def test_progress_timeout_ends_with_the_work_not_with_the_callers_transaction(
+    key: str, stalled: list[dict[str, Any]]
+) -> None:
+    backend = MemoryBackend()
+    service = TaskLockService(backend)
+    with transaction.atomic():
+        options: Any = {"ttl": 0.5, "refresh_interval": 0.1, "progress_timeout": 0.3}
+        assert service.run_exclusive(key, lambda: None, **options).acquired
+        time.sleep(1.5)  # the release waits for the commit: the work is over, not stuck
+        assert backend.peek(key) is not None
+        assert stalled == []
+    assert backend.peek(key) is None  # released at the commit
