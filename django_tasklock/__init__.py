@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.decorators import exclusive
-from django_tasklock.exceptions import LockNotAcquired, TaskLockError
+from django_tasklock.exceptions import LockLost, LockNotAcquired, TaskLockError
 from django_tasklock.lock import Lock
+from django_tasklock.loss import checkpoint, current_lock
 from django_tasklock.options import LockKwargs
 from django_tasklock.service import (
     LockResult,
@@ -14,7 +15,13 @@ from django_tasklock.service import (
     lock,
     run_exclusive,
 )
-from django_tasklock.signals import lock_acquired, lock_lost, lock_released
+from django_tasklock.signals import (
+    lock_acquired,
+    lock_lost,
+    lock_released,
+    lock_skipped,
+    lock_stalled,
+)
 
 __all__ = [
     "BaseBackend",
@@ -22,15 +29,20 @@ __all__ = [
     "Holder",
     "Lock",
     "LockKwargs",
+    "LockLost",
     "LockNotAcquired",
     "LockResult",
     "TaskLockError",
     "TaskLockService",
     "arun_exclusive",
+    "checkpoint",
+    "current_lock",
     "exclusive",
     "lock",
     "lock_acquired",
     "lock_lost",
     "lock_released",
+    "lock_skipped",
+    "lock_stalled",
     "run_exclusive",
 ]

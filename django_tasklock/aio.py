@@ -1,12 +1,16 @@
-"""Running the lock's synchronous steps from asyncio, without blocking the loop."""
+"""asyncio: the lock's synchronous steps run off the loop; a body cancelled on a loss."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
+
+if TYPE_CHECKING:
+    from django_tasklock.lease import Lease
 
 T = TypeVar("T")
 
@@ -32,3 +36,54 @@ def off_loop(fn: Callable[..., T]) -> Callable[..., Coroutine[Any, Any, T]]:
     connection per pool thread that nothing would close.
     """
     return sync_to_async(fn, thread_sensitive=True)
+
+
+class LossCanceller:
+    """Cancels one asyncio task at its lease's declared loss (``cancel_on_loss=True``).
+
+    The loss is declared on another thread (the heartbeat's, or the one that
+    watches deadlines); that thread only schedules the cancellation on the
+    task's loop, which does it at the task's next ``await``. :meth:`settle`
+    then tells this cancellation from one that came from outside, which must
+    still propagate as ``CancelledError``.
+    """
+
+    #: The message of our cancellation (how it is told apart on Python 3.10).
+    MESSAGE = "django-tasklock: the lease was lost"
+
+    def __init__(self, lease: Lease, task: asyncio.Task[Any]) -> None:
+        self._task = task
+        self._loop = task.get_loop()
+        self._armed = True
+        self.cancelled = False
+        lease.on_loss(self._declared)
+
+    def _declared(self, lease: Lease) -> None:
+        """On the declaring thread: quick, never blocking."""
+        with contextlib.suppress(RuntimeError):  # a closed loop has no task left to cancel
+            self._loop.call_soon_threadsafe(self._cancel)
+
+    def _cancel(self) -> None:
+        if self._armed and not self._task.done():
+            self.cancelled = True
+            self._task.cancel(self.MESSAGE)
+
+    def settle(self, error: BaseException | None) -> bool:
+        """Disarm; True if the body ended because of our cancellation (raise ``LockLost``).
+
+        Called on the task, when the body has ended with ``error`` (or None).
+        From now on a loss cancels nothing. On Python 3.11+ our cancellation
+        is withdrawn (``Task.uncancel``), so ``asyncio.timeout`` and task
+        groups around the lock see only cancellations from outside; if one of
+        those is pending too, it wins and False is returned.
+        """
+        self._armed = False
+        if not self.cancelled:
+            return False
+        uncancel = getattr(self._task, "uncancel", None)
+        if uncancel is not None:
+            return bool(uncancel() == 0)
+        # Python 3.10: a cancellation from outside replaces our message.
+        if isinstance(error, asyncio.CancelledError):  # pragma: no cover - Python 3.10
+            return error.args == (self.MESSAGE,)
+        return True  # pragma: no cover - Python 3.10

@@ -6,17 +6,20 @@ import functools
 import inspect
 from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack, ExitStack
-from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
+from django_tasklock import loss
+from django_tasklock.aio import off_loop
 from django_tasklock.callables import validate_callable
 from django_tasklock.exceptions import LockNotAcquired
 from django_tasklock.keys import KeyBuilder, KeySpec
 from django_tasklock.lock import Lock
 from django_tasklock.options import LockKwargs, check_lock_kwargs
 from django_tasklock.service import TaskLockService, lock
+from django_tasklock.skipped import report_skipped
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -27,6 +30,9 @@ Resp = TypeVar("Resp", bound=HttpResponseBase)
 
 #: The body of the 409 a view gets while its key is held.
 CONFLICT_MESSAGE = "409 Conflict: this is already running; try again later.\n"
+
+OnLost = Literal["continue", "raise"]
+ON_LOST: tuple[OnLost, ...] = ("continue", "raise")
 
 
 class Decorator(Protocol):
@@ -64,6 +70,7 @@ def exclusive(
     /,
     *,
     on_locked: Callable[..., Any] | None = None,
+    on_lost: OnLost = "continue",
     service: TaskLockService | None = None,
     **options: Unpack[LockKwargs],
 ) -> Decorator: ...
@@ -72,6 +79,7 @@ def exclusive(
     *,
     key: KeySpec,
     on_locked: Callable[..., Any] | None = None,
+    on_lost: OnLost = "continue",
     service: TaskLockService | None = None,
     **options: Unpack[LockKwargs],
 ) -> Decorator: ...
@@ -81,6 +89,7 @@ def exclusive(
     *,
     key: KeySpec = None,
     on_locked: Callable[..., Any] | None = None,
+    on_lost: OnLost = "continue",
     service: TaskLockService | None = None,
     **options: Unpack[LockKwargs],
 ) -> Any:
@@ -104,17 +113,30 @@ def exclusive(
     ``async def`` functions get an ``async def`` wrapper (decided now, not
     per call); the wrapper keeps the function's name, docstring, signature
     and ``__wrapped__``. Lock options (``ttl``, ``refresh_interval``,
-    ``max_lifetime``, ``wait``, ``min_hold``, ``fencing``) are those of
-    ``TaskLockService.lock``: an unknown one is a ``TypeError`` now, bad
-    values a ``TypeError`` or ``ValueError`` at each call, before anything is
-    written. ``service`` defaults to the one of ``TASKLOCK_BACKEND``.
+    ``max_lifetime``, ``wait``, ``min_hold``, ``fencing``,
+    ``progress_timeout``) are those of ``TaskLockService.lock``: an unknown
+    one is a ``TypeError`` now, bad values a ``TypeError`` or ``ValueError``
+    at each call, before anything is written. ``service`` defaults to the one
+    of ``TASKLOCK_BACKEND``. A skipped call logs one INFO line naming the key
+    and its holder and sends ``lock_skipped``.
+
+    While the function runs, ``django_tasklock.current_lock()`` is its lock.
+    ``on_lost`` says what a loss of it does: ``"continue"`` (the default),
+    nothing — the work goes on and ``current_lock().lost`` is True;
+    ``"raise"``, the work is stopped with ``LockLost``: a ``def`` function
+    at its next ``django_tasklock.checkpoint()`` (or, if it reaches none,
+    the call raises ``LockLost`` when it returns), an ``async def`` one by
+    cancelling its task at the declaration (``cancel_on_loss``). Either way
+    the key is released and the caller gets ``LockLost``.
     """
     if callable(target) and not isinstance(target, str):
         if key is not None:
             raise TypeError("exclusive() got a function and key=: pass the key only")
         if getattr(target, "__name__", "") == "<lambda>":
             raise TypeError("a key function is passed as exclusive(key=...), not positionally")
-        return exclusive(key=None, on_locked=on_locked, service=service, **options)(target)
+        return exclusive(
+            key=None, on_locked=on_locked, on_lost=on_lost, service=service, **options
+        )(target)
     if target is not None:
         if key is not None:
             raise TypeError("exclusive() got the key twice: positionally and as key=")
@@ -125,10 +147,15 @@ def exclusive(
         key = target
     validate_callable("on_locked", on_locked, optional=True)
     check_lock_kwargs(options)
+    if "cancel_on_loss" in options:
+        raise TypeError("exclusive() takes on_lost='raise', not cancel_on_loss")
+    if not isinstance(on_lost, str) or on_lost not in ON_LOST:
+        error = ValueError if isinstance(on_lost, str) else TypeError
+        raise error(f"on_lost must be one of {ON_LOST}, not {on_lost!r}")
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         validate_callable("func", func)
-        return _wrap(func, KeyBuilder(func, key), options, on_locked, service)
+        return _wrap(func, KeyBuilder(func, key), options, on_locked, on_lost == "raise", service)
 
     return decorate
 
@@ -138,22 +165,30 @@ def _wrap(
     build_key: KeyBuilder,
     options: LockKwargs,
     on_locked: Callable[..., Any] | None,
+    stop: bool,
     service: TaskLockService | None,
 ) -> Callable[..., Any]:
+    name = f"{func.__module__}.{func.__qualname__}"
+    is_async = iscoroutinefunction(func)
+    if stop and is_async:
+        options = {**options, "cancel_on_loss": True}
+
     def make_lock(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lock:
         key = build_key(args, kwargs)
         return service.lock(key, **options) if service is not None else lock(key, **options)
 
     # The exit stacks keep the ``try`` around acquisition only: a LockNotAcquired
     # raised by the function itself (a lock it takes) propagates, it is not "held".
-    if iscoroutinefunction(func):
+    if is_async:
 
         @functools.wraps(func)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             async with AsyncExitStack() as stack:
+                held = make_lock(args, kwargs)
                 try:
-                    await stack.enter_async_context(make_lock(args, kwargs))
+                    await stack.enter_async_context(held)
                 except LockNotAcquired:
+                    await off_loop(report_skipped)(held, name)
                     outcome = _when_held(on_locked, args, kwargs)
                     return await outcome if inspect.isawaitable(outcome) else outcome
                 return await func(*args, **kwargs)
@@ -163,11 +198,20 @@ def _wrap(
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         with ExitStack() as stack:
+            held = make_lock(args, kwargs)
             try:
-                stack.enter_context(make_lock(args, kwargs))
+                stack.enter_context(held)
             except LockNotAcquired:
+                report_skipped(held, name)
                 return _when_held(on_locked, args, kwargs)
-            return func(*args, **kwargs)
+            context = loss.enter(held, stop=stop)
+            try:
+                result = func(*args, **kwargs)
+            finally:
+                loss.leave(context)
+            if stop:  # lost while it ran, with no checkpoint after: its result is suspect
+                held.raise_if_lost()
+            return result
 
     return wrapper
 

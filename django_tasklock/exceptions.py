@@ -23,3 +23,24 @@ class LockNotAcquired(TaskLockError):
 
     def __reduce__(self) -> tuple[type[LockNotAcquired], tuple[str, timedelta | None]]:
         return type(self), (self.key, self.wait)
+
+
+class LockLost(TaskLockError):
+    """The lease was lost while the work held it: raised when the work asked to be stopped.
+
+    Raised by ``Lock.raise_if_lost()``, by ``checkpoint()`` under
+    ``@exclusive(on_lost="raise")``, and instead of the ``CancelledError`` of a
+    body cancelled by ``cancel_on_loss=True``. ``key`` is the caller's key;
+    ``reason`` says why the lease was lost (``"expired"``, ``"taken"``,
+    ``"released_by_operator"``, ``"max_lifetime"``), or is None when the
+    loss came with no reason.
+    """
+
+    def __init__(self, key: str, reason: str | None = None) -> None:
+        self.key = key
+        self.reason = reason
+        why = f" ({reason})" if reason else ""
+        super().__init__(f"Task lock {key!r} was lost{why}: another worker may hold it now.")
+
+    def __reduce__(self) -> tuple[type[LockLost], tuple[str, str | None]]:
+        return type(self), (self.key, self.reason)

@@ -10,7 +10,9 @@ on the first lease, is recreated in a forked child, and lets go of its
 connections whenever it has nothing to keep alive.
 
 A lease stops being refreshed when it is released, found gone, or reaches
-``max_lifetime`` (a warning; the backend caps it on the storage side as well).
+``max_lifetime`` (a warning; the backend caps it on the storage side as well),
+or, given a ``progress_timeout``, when its work stopped calling
+``Lock.progress()`` (``lock_stalled``; declared lost when it has run out).
 While the thread waits for the storage, a :class:`~django_tasklock.watchdog.Watchdog`
 declares each lease lost as soon as it could have run out.
 
@@ -271,6 +273,13 @@ class Heartbeat:
                 )
             if now >= lease.deadline:
                 lease.reach_max_lifetime()
+                continue
+            if lease.pending is None and lease.stalled(now):  # progress_timeout passed
+                if now >= lease.valid_until:
+                    lease.report_lost("no progress within progress_timeout; not refreshed")
+                    continue
+                lease.next_due = lease.valid_until  # not refreshed: looked at when it runs out
+                looked.append(lease)
                 continue
             lease.next_due = min(now + known[0], lease.deadline)
             # What this refresh confirms, if it does: the storage dates it after now.

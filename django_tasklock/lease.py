@@ -18,9 +18,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from django_tasklock.signals import lock_lost
+from django_tasklock.signals import lock_lost, lock_stalled
 
 if TYPE_CHECKING:
+    from datetime import timedelta
+
     from django.dispatch import Signal
 
     from django_tasklock.backends.base import BaseBackend, Holder
@@ -89,12 +91,13 @@ class Lease:
         options: LockOptions,
         *,
         asked_at: float,
+        progress_timeout: timedelta | None = None,
     ) -> None:
         """``asked_at``: :func:`clock` just before the acquisition was sent.
 
         The storage dated the lease after that instant, so every local time
         derived from it (the deadline, when the lease is surely valid until)
-        errs on the early side.
+        errs on the early side. ``progress_timeout``: see :meth:`stalled`.
         """
         self.backend = backend
         self.key = key
@@ -118,6 +121,12 @@ class Lease:
         self.lost_event = threading.Event()
         self._loss_callbacks: list[Callable[[Lease], None]] = []
         self._capped = False  # the max_lifetime warning was logged
+        #: When the work last said it moves (``Lock.progress()``); the acquisition at first.
+        self.progress_at = asked_at
+        self.progress_timeout = (
+            None if progress_timeout is None else progress_timeout.total_seconds()
+        )
+        self._stalled = False
         self._lost_lock = threading.Lock()
 
     @property
@@ -192,6 +201,30 @@ class Lease:
             self.key,
             self.options.max_lifetime,
         )
+
+    def stalled(self, now: float) -> bool:
+        """Whether the work, given a ``progress_timeout``, went longer than it without progress.
+
+        Asked by the heartbeat before each refresh, which then stops extending
+        the lease: it runs out ``ttl`` after its last refresh, though the
+        process is alive. The first True logs a warning and sends
+        ``lock_stalled``; from then on it stays True (progress made later does
+        not revive a lease left to run out).
+        """
+        if self._stalled or self.progress_timeout is None:
+            return self._stalled
+        if now - self.progress_at <= self.progress_timeout:
+            return False
+        self._stalled = True
+        logger.warning(
+            "Task lock %r: no progress for %.1f s (progress_timeout): no longer refreshed, "
+            "the lease will run out while %s holds it.",
+            self.key,
+            now - self.progress_at,
+            self.holder,
+        )
+        self.announce(lock_stalled)
+        return True
 
     def wake_at(self) -> float:
         """When the heartbeat should next look at this lease."""

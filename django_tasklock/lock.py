@@ -15,9 +15,10 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from django_tasklock import loss
 from django_tasklock.aio import keep, off_loop
 from django_tasklock.backends import get_backend
-from django_tasklock.backends.base import BaseBackend, Holder
+from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.exceptions import LockNotAcquired
 from django_tasklock.heartbeat import heartbeat
 from django_tasklock.lease import Lease, clock, new_token
@@ -27,6 +28,7 @@ from django_tasklock.options import (
     validate_flag,
     validate_key,
     validate_min_hold,
+    validate_progress_timeout,
     validate_wait,
 )
 from django_tasklock.signals import lock_acquired, lock_released
@@ -34,14 +36,17 @@ from django_tasklock.transactions import release_after_transactions
 from django_tasklock.waiting import Backoff
 
 if TYPE_CHECKING:
+    from contextvars import Token
+
     from typing_extensions import Unpack
 
+    from django_tasklock.aio import LossCanceller
     from django_tasklock.options import LockKwargs
 
 logger = logging.getLogger("django_tasklock")
 
 
-class Lock:
+class Lock(loss.ActsOnLoss):
     """A lease lock on one key: ``with``, ``async with``, or ``acquire()``/``release()``.
 
     Made by :meth:`TaskLockService.lock` (or ``django_tasklock.lock``); every
@@ -51,7 +56,10 @@ class Lock:
 
     While held: ``holder`` is who holds it (this host and pid), ``lost``
     turns True if the lease is lost (expired, taken over, force-released),
-    and ``fence`` is the grant's fencing token when ``fencing=True``.
+    and ``fence`` is the grant's fencing token when ``fencing=True``. Acting
+    on a loss: ``raise_if_lost()``, ``lost_event``, ``wait_lost()``,
+    ``progress()`` (see :class:`~django_tasklock.loss.ActsOnLoss`), and
+    ``cancel_on_loss=True`` for ``async with``.
     """
 
     def __init__(
@@ -67,11 +75,17 @@ class Lock:
         self.wait = validate_wait(options.get("wait"))
         self.min_hold = validate_min_hold(options.get("min_hold"), self.options.max_lifetime)
         self.fencing = validate_flag("fencing", options.get("fencing", False))
+        self.cancel_on_loss = validate_flag("cancel_on_loss", options.get("cancel_on_loss", False))
+        self.progress_timeout = validate_progress_timeout(options.get("progress_timeout"))
         #: The grant's fencing token (``fencing=True``), strictly increasing per key.
         self.fence: int | None = None
         self._backend = backend
         self._lease: Lease | None = None
         self._held = False
+        #: The holder seen by the last look at the key that found it held (see skipped).
+        self.seen: HeldLock | None = None
+        self._context: Token[loss.Holding | None] | None = None
+        self._canceller: LossCanceller | None = None
 
     def __repr__(self) -> str:
         return f"<Lock {self.key!r} {'held' if self._held else 'not held'}>"
@@ -111,6 +125,7 @@ class Lock:
 
     def try_acquire(self) -> bool:
         """Like :meth:`acquire`, but False instead of ``LockNotAcquired``."""
+        self._no_cancel_on_loss()
         backend = self._ready()
         backoff = Backoff(self.wait)
         look_first = False
@@ -141,7 +156,9 @@ class Lock:
         self._end(lease)
 
     def __enter__(self) -> Lock:
-        return self.acquire()
+        self.acquire()
+        self._context = loss.enter(self, stop=False)
+        return self
 
     def __exit__(
         self,
@@ -149,13 +166,16 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        loss.leave(self._context)
+        self._context = None
         self.release()
 
     # -- async -----------------------------------------------------------------
 
     async def aacquire(self) -> Lock:
         """:meth:`acquire` without blocking the event loop."""
-        if not await self.atry_acquire():
+        self._no_cancel_on_loss()
+        if not await self._atry_acquire():
             raise LockNotAcquired(self.key, self.wait or None)
         return self
 
@@ -165,6 +185,10 @@ class Lock:
         Cancelling the awaiting task while an attempt is under way lets the
         attempt finish in its thread and releases what it took.
         """
+        self._no_cancel_on_loss()
+        return await self._atry_acquire()
+
+    async def _atry_acquire(self) -> bool:
         backend = self._ready()
         backoff = Backoff(self.wait)
         look_first = False
@@ -188,7 +212,10 @@ class Lock:
         await asyncio.shield(keep(off_loop(self.release)()))
 
     async def __aenter__(self) -> Lock:
-        return await self.aacquire()
+        if not await self._atry_acquire():
+            raise LockNotAcquired(self.key, self.wait or None)
+        self.enter_body()
+        return self
 
     async def __aexit__(
         self,
@@ -196,7 +223,10 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        stopped = self.leave_body(exc)
         await self.arelease()
+        if stopped is not None:
+            raise stopped from exc
 
     # -- the steps -------------------------------------------------------------
 
@@ -220,7 +250,9 @@ class Lock:
         if look_first:
             held = backend.peek(self.key)
             if held is not None:
+                self.seen = held
                 return False, held.seconds_left
+        self.seen = None  # an insert that fails says nothing of who holds the key
         return self._grant(backend), None
 
     def _grant(self, backend: BaseBackend) -> bool:
@@ -232,6 +264,7 @@ class Lock:
             Holder.from_token(token),
             self.options,
             asked_at=clock(),
+            progress_timeout=self.progress_timeout,
         )
         # The token exists before the request goes out: interrupted before we
         # learn whether the lease was granted (KeyboardInterrupt), or failing

@@ -208,6 +208,12 @@ class LockKwargs(TypedDict, total=False):
     work ends early, the key stays held until acquisition + ``min_hold``, by
     the storage (at most ``max_lifetime``). ``fencing``: give each grant a
     strictly increasing number (``Lock.fence``, ``LockResult.fence``).
+    ``cancel_on_loss``: cancel the body at the declaration of a loss, which
+    the caller sees as ``LockLost`` (``async with`` and ``arun_exclusive``
+    only). ``progress_timeout``: extend the lease only while the work calls
+    ``Lock.progress()`` within this long (seconds or timedelta; default: no
+    such condition). Neither has a project-wide default in
+    ``TASKLOCK_DEFAULTS``: each asks something of the work it guards.
     """
 
     ttl: Duration | None
@@ -216,6 +222,8 @@ class LockKwargs(TypedDict, total=False):
     wait: Duration | None
     min_hold: Duration | None
     fencing: bool
+    cancel_on_loss: bool
+    progress_timeout: Duration | None
 
 
 LOCK_KWARGS = frozenset(LockKwargs.__annotations__)
@@ -254,6 +262,11 @@ def validate_min_hold(value: object, max_lifetime: timedelta) -> timedelta | Non
             "no lease outlives acquisition + max_lifetime"
         )
     return min_hold
+
+
+def validate_progress_timeout(value: object) -> timedelta | None:
+    """None (no condition on progress), or a duration from 1 ms to 24 h."""
+    return None if value is None else to_timedelta("progress_timeout", value)
 
 
 def validate_flag(name: str, value: object) -> bool:

@@ -7,6 +7,8 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from django_tasklock import loss
+from django_tasklock.aio import off_loop
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock
 from django_tasklock.callables import (
@@ -14,9 +16,11 @@ from django_tasklock.callables import (
     validate_callable,
     validate_sync_callable,
 )
+from django_tasklock.exceptions import LockNotAcquired
 from django_tasklock.lease import new_token as new_token
 from django_tasklock.lock import Lock
 from django_tasklock.options import validate_key
+from django_tasklock.skipped import report_skipped
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -95,6 +99,15 @@ class TaskLockService:
             min_hold: when ``fn`` ends sooner, the key stays held until acquisition
                 + ``min_hold`` (at most ``max_lifetime``), kept by the storage.
             fencing: give the grant a fencing token (``LockResult.fence``).
+            progress_timeout: extend the lease only while ``fn`` calls
+                ``current_lock().progress()`` within this long (default: no such condition).
+            cancel_on_loss: ``arun_exclusive`` only; here a ``TypeError``, before
+                anything is written (sync code stops at ``raise_if_lost()``).
+
+        While ``fn`` runs, ``django_tasklock.current_lock()`` is its lock. When
+        the key is held, one INFO line on the ``django_tasklock`` logger names
+        the key and its holder (host, pid, acquired at, expires at), and
+        ``lock_skipped`` is sent, before ``on_locked`` is called.
 
         The lease is released whether ``fn`` returns or raises (any
         ``BaseException``, which then propagates unchanged). If the storage
@@ -117,13 +130,18 @@ class TaskLockService:
         try:
             acquired = lock.try_acquire()
             if acquired:
-                result = fn()
+                context = loss.enter(lock, stop=False)
+                try:
+                    result = fn()
+                finally:
+                    loss.leave(context)
         finally:
             # lock.held, not try_acquire's answer: interrupted just after the
             # grant, before that answer was stored, the lease is still released.
             if lock.held:
                 lock.release()
         if not acquired:
+            report_skipped(lock, _name(fn))
             if on_locked is not None:
                 on_locked()
             return LockResult(acquired=False)
@@ -143,6 +161,11 @@ class TaskLockService:
         so nothing blocks the event loop. Cancelling the awaiting task
         releases the lock and the ``CancelledError`` propagates. ``on_locked``
         may be a plain or an ``async`` function.
+
+        With ``cancel_on_loss=True`` the task running ``async_fn`` is cancelled
+        at the declaration of a loss (at its next ``await``), and this raises
+        :class:`~django_tasklock.LockLost` instead of that ``CancelledError``;
+        a cancellation from outside still propagates as ``CancelledError``.
         """
         validate_key(key)
         validate_async_callable("async_fn", async_fn, twin="run_exclusive")
@@ -150,19 +173,29 @@ class TaskLockService:
         lock = self.lock(key, **options)
         acquired, result = False, None
         try:
-            acquired = await lock.atry_acquire()
-            if acquired:
+            async with lock:  # cancel_on_loss, current_lock(): as for any `async with`
+                acquired = True
                 result = await async_fn()
+        except LockNotAcquired:
+            if acquired:  # async_fn's own, about another lock
+                raise
         finally:
-            if lock.held:
+            if lock.held:  # interrupted between the grant and the block
                 await lock.arelease()
         if not acquired:
+            await off_loop(report_skipped)(lock, _name(async_fn))
             if on_locked is not None:
                 outcome = on_locked()
                 if inspect.isawaitable(outcome):
                     await outcome
             return LockResult(acquired=False)
         return LockResult(acquired=True, result=result, lost=lock.lost, fence=lock.fence)
+
+
+def _name(fn: object) -> str:
+    """How the log names the work: ``module.qualname`` of a function, else its repr."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    return f"{module}.{name}" if module and name else repr(fn)
 
 
 _default_service = TaskLockService()

@@ -2,8 +2,9 @@
 
 Each is sent with keyword arguments ``key`` (the caller's key, without the
 ``task-lock:`` prefix) and ``holder`` (a :class:`~django_tasklock.backends.base.Holder`
-naming host and pid; never the secret token). ``lock_lost`` may be sent from
-the heartbeat thread, or from its watchdog thread (see ``watchdog``).
+naming host and pid; never the secret token); ``lock_skipped`` adds
+``acquired_at`` and ``expires_at``. ``lock_lost`` may be sent from the
+heartbeat thread, or from its watchdog thread (see ``watchdog``).
 """
 
 from __future__ import annotations
@@ -13,3 +14,11 @@ from django.dispatch import Signal
 lock_acquired = Signal()
 lock_released = Signal()
 lock_lost = Signal()
+#: A lease with ``progress_timeout`` whose work stopped calling ``progress()``: no
+#: longer refreshed, it will run out. Sent once, from the heartbeat thread.
+lock_stalled = Signal()
+#: ``@exclusive``, ``run_exclusive`` or ``arun_exclusive`` did not run its work: the
+#: key was held. Sent on the caller's thread with ``key``, ``holder`` (None if the
+#: key came free before it could be read), ``acquired_at`` and ``expires_at``
+#: (aware UTC datetimes, or None likewise).
+lock_skipped = Signal()

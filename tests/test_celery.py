@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
+from django_tasklock.backends.database import DatabaseBackend
 from tests import processes, services
 from tests.jobs import wait_for
 
@@ -100,3 +101,14 @@ def test_after_release_the_key_runs_again(celery_tasks: Any, signals: Path) -> N
     assert celery_tasks.hold_key.delay("again", "again", str(signals)).get(timeout=60) == (
         "ran:again"
     )
+
+
+def test_a_lost_lock_becomes_a_retry(celery_tasks: Any, signals: Path) -> None:
+    result = celery_tasks.retry_when_lost.delay("lost", "lost", str(signals))
+    wait_for(signals / "lost.0.holding")
+    # An operator's force release: the worker's heartbeat finds the lease gone,
+    # the next checkpoint() raises LockLost, and the task asks to be retried.
+    assert DatabaseBackend(using="default").force_release("celery:lost")
+    wait_for(signals / "lost.1.holding")  # the retry holds the key again
+    (signals / "lost.release").touch()
+    assert result.get(timeout=60) == "ran:lost:attempt 1"

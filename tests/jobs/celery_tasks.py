@@ -7,14 +7,17 @@ results travel back over the broker (the ``rpc://`` result backend).
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
+from typing import Any
 
 import django
 from celery import Celery, shared_task
 from django.apps import apps
 from kombu.entity import Queue
 
-from django_tasklock import exclusive
-from tests.jobs import hold
+from django_tasklock import LockLost, checkpoint, exclusive
+from tests.jobs import PATIENCE, hold
 
 if not apps.ready:  # in the worker; the test process has set Django up already
     django.setup()
@@ -40,6 +43,29 @@ app.conf.update(
 def hold_key(key: str, job: str, signals: str) -> str:
     """Hold ``celery:key`` until the test releases ``job``."""
     return hold(job, signals)
+
+
+@shared_task(bind=True, max_retries=3)
+def retry_when_lost(self: Any, key: str, job: str, signals: str) -> str | None:
+    """The README's pattern: a lost lock becomes a retry (``self.retry()`` on ``LockLost``)."""
+    try:
+        return work_until_released(key, job, signals, self.request.retries)
+    except LockLost as exc:
+        raise self.retry(exc=exc, countdown=0) from exc
+
+
+@exclusive("celery:{key}", ttl=30, refresh_interval=0.2, on_lost="raise")
+def work_until_released(key: str, job: str, signals: str, attempt: int) -> str:
+    """Announce ``job.<attempt>.holding``, then work in steps until ``job.release`` appears."""
+    folder = Path(signals)
+    (folder / f"{job}.{attempt}.holding").write_text(str(os.getpid()))
+    deadline = time.monotonic() + PATIENCE
+    while not (folder / f"{job}.release").exists():
+        checkpoint()  # raises LockLost once the lock is lost
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{job}.release did not appear")
+        time.sleep(0.05)
+    return f"ran:{job}:attempt {attempt}"
 
 
 @shared_task
