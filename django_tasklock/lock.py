@@ -208,8 +208,14 @@ class Lock(loss.ActsOnLoss):
             look_first = True
 
     async def arelease(self) -> None:
-        """:meth:`release` off the event loop; it completes even if the caller is cancelled."""
-        await asyncio.shield(keep(off_loop(self.release)()))
+        """:meth:`release` off the event loop; it completes even if the caller is cancelled.
+
+        A release already under way for the same grant (one whose caller was
+        cancelled while it ran) makes this one do nothing, not raise.
+        """
+        if self._lease is None or not self._held:
+            raise RuntimeError(f"task lock {self.key!r} is not held")
+        await asyncio.shield(keep(off_loop(self._release_if_held)(self._lease)))
 
     async def __aenter__(self) -> Lock:
         if not await self._atry_acquire():
