@@ -30,6 +30,7 @@ from django_tasklock.backends.base import Refresh, storage_key
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.database.connections import add_thread_connection
 from django_tasklock.backends.database.timeouts import REFRESH_TIMEOUT
+from django_tasklock.exceptions import TaskLockError
 from django_tasklock.models import CacheEntry
 from django_tasklock.service import new_token
 from tests.conftest import DATABASE_ALIASES, require_service
@@ -229,3 +230,87 @@ def test_a_refresh_stuck_on_a_row_lock_is_still_cancelled(
         assert took >= REFRESH_TIMEOUT.total_seconds() - 0.5
     finally:
         holder.release(key, token)
+
+
+# -- AUTOCOMMIT: False ------------------------------------------------------
+
+
+@pytest.fixture(params=["default", "postgres", "mariadb"], ids=["sqlite", "postgres", "mariadb"])
+def base(request: pytest.FixtureRequest) -> str:
+    if request.param not in DATABASE_ALIASES:
+        require_service(request.param)
+    return str(request.param)
+
+
+@pytest.mark.parametrize("opened", [False, True], ids=["not-yet-open", "open"])
+def test_with_autocommit_off_the_lease_is_committed_at_once(
+    base: str, opened: bool, key: str
+) -> None:
+    other = DatabaseBackend(using=base)  # another worker, in autocommit
+    for alias in _thread_alias(base, AUTOCOMMIT=False):
+        caller = connections[alias]
+        if opened:
+            caller.ensure_connection()
+        backend = DatabaseBackend(using=alias)
+        token = new_token()
+        assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        try:
+            seen = other.peek(key)
+            assert seen is not None, "the lease waits for the caller's commit"
+            assert not other.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
+            if caller.connection is not None:
+                caller.rollback()  # the caller gives up its own work
+            after = other.peek(key)  # the lease is not the caller's to roll back
+            assert after is not None
+            assert after.expires_at == seen.expires_at
+            assert backend.refresh(key, token, ttl=LONG, max_lifetime=LIFE)
+            assert backend.fence(key, token) is not None
+            assert backend.release(key, token)
+            if caller.connection is not None:
+                caller.rollback()
+            assert other.peek(key) is None  # the release was committed too
+        finally:
+            if caller.connection is not None:
+                caller.rollback()
+            other.force_release(key)
+
+
+@pytest.mark.parametrize("base", ["postgres", "mariadb"])
+def test_with_autocommit_off_a_lease_taken_inside_atomic_is_committed_at_once(
+    base: str, key: str
+) -> None:
+    # The side connection is in autocommit whatever the settings say: one that
+    # inherited AUTOCOMMIT: False would lose its INSERT when it was closed.
+    require_service(base)
+    other = DatabaseBackend(using=base)
+    for alias in _thread_alias(base, AUTOCOMMIT=False):
+        backend = DatabaseBackend(using=alias)
+        token = new_token()
+        try:
+            with transaction.atomic(using=alias):
+                assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+                assert other.peek(key) is not None, "the lease waits for the caller's commit"
+                transaction.set_rollback(True, using=alias)
+            assert other.peek(key) is not None  # not rolled back with the caller's work
+            assert backend.release(key, token)
+            assert other.peek(key) is None
+        finally:
+            connections[alias].rollback()
+            other.force_release(key)
+
+
+def test_sqlite_with_autocommit_off_and_a_write_pending_says_what_to_do(key: str) -> None:
+    # SQLite has one writer: a lease written beside the caller's pending write
+    # would wait for it, as inside atomic().
+    from django_tasklock.backends.database.functions import UtcNow
+    from django_tasklock.models import CacheEntry
+
+    for alias in _thread_alias("default", AUTOCOMMIT=False):
+        CacheEntry.objects.using(alias).create(
+            key=f"pending-{key}", value="x", expires_at=UtcNow(), created_at=UtcNow()
+        )
+        backend = DatabaseBackend(using=alias)
+        with pytest.raises(TaskLockError, match="transaction"):
+            backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
+        connections[alias].rollback()
+    assert DatabaseBackend(using="default").peek(key) is None
