@@ -75,6 +75,21 @@ def in_callers_transaction(connection: BaseDatabaseWrapper) -> bool:
     return not connection.get_autocommit()
 
 
+def joins_callers_transaction(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the lock's statements for this alias would run in the caller's transaction.
+
+    Only under a Django ``TestCase``, and on SQLite once a transaction has
+    begun (where writing raises ``TaskLockError`` and reading uses the
+    caller's connection). Everywhere else they run in autocommit, on the
+    caller's connection or on a side connection (see :func:`alias_for_writing`).
+    """
+    if not in_callers_transaction(connection):
+        return False
+    if in_test_transaction(connection):
+        return True
+    return connection.vendor == "sqlite" and _sqlite_transaction_begun(connection)
+
+
 @contextmanager
 def alias_for_writing(using: str) -> Iterator[str]:
     """``using``, or, when ``using`` is in a transaction, a side connection open for the block.
