@@ -2,17 +2,20 @@
 
 A lease must be committed the moment it is taken: another worker has to see it
 at once, and the caller's transaction must not be able to roll it back. So
-when the calling thread is inside a transaction on the lock's database, the
+when the calling thread is inside a transaction on the lock's database
+(``atomic()``, or autocommit off, ``AUTOCOMMIT: False`` included), the
 statements go through a second connection to the same database (the "side"
-connection), opened for those statements only and closed (or handed back to
-Django's pool) right after: no connection of the lock outlives the statement
-it was opened for, whatever ``CONN_MAX_AGE`` says, so nothing is left for
-``close_old_connections()`` to miss. Two cases differ:
+connection), always in autocommit, opened for those statements only and
+closed (or handed back to Django's pool) right after: no connection of the
+lock outlives the statement it was opened for, whatever ``CONN_MAX_AGE``
+says, so nothing is left for ``close_old_connections()`` to miss. Two cases
+differ:
 
 * a Django ``TestCase`` transaction: the test's own connection is used, so
   that tests stay isolated and everything is rolled back;
 * SQLite: one writer per database file, so a second connection would wait for
-  the caller's transaction; a clear error says what to do instead.
+  the caller's transaction once it has begun; a clear error then says what to
+  do instead.
 """
 
 from __future__ import annotations
