@@ -65,12 +65,12 @@ def client_side_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
     made from psycopg's ``ClientCursor`` when the connection would otherwise
     bind on the server.
     """
-    if not connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
+    # Django's ClientCursor flavour: psycopg 3 only, as is server_side_binding.
+    client_cursor = getattr(import_module("django.db.backends.postgresql.base"), "Cursor", None)
+    if client_cursor is None or not connection.settings_dict["OPTIONS"].get("server_side_binding"):
         with connection.cursor() as cursor:
             yield cursor
         return
-    # Django's ClientCursor flavour (psycopg 3 only, as is server_side_binding).
-    client_cursor = import_module("django.db.backends.postgresql.base").Cursor
     connection.ensure_connection()
     raw = connection.connection
     server_binding = raw.cursor_factory
