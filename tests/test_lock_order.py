@@ -20,7 +20,7 @@ statement would have locked the other row first:
   the table's pages (PostgreSQL, when it reads the whole table, as on a table
   of many locks), here written in reverse key order.
 
-On MariaDB the deadlock would be retried and go unseen, so retries are off.
+A deadlock would be retried and go unseen, so retries are off.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def test_clear_stale_and_a_batch_refresh_of_the_same_rows_do_not_deadlock(
     alias: str, lineup: Lineup, key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     require_service(alias)
-    monkeypatch.setattr(retries, "BUSY_WAIT", 0.0)  # a MariaDB deadlock is raised, not retried
+    monkeypatch.setattr(retries, "BUSY_WAIT", 0.0)  # a deadlock is raised, not retried
     backend = DatabaseBackend(using=alias)
     names = (f"{key}-a", f"{key}-b")  # LOW < HIGH, byte for byte
     stored = [storage_key(name) for name in names]

@@ -3,7 +3,8 @@
 One module a concern, the way Django's ``db/backends/<vendor>/`` reads:
 ``backend`` (the backend class), ``statements`` (its compiled SQL),
 ``connections`` (which connection each statement uses, and the acquire's
-savepoint), ``retries`` (re-sending after a dead connection or a busy file),
+savepoint), ``retries`` (re-sending after a dead connection, a busy file or a
+deadlock), ``timeouts`` (the refresh's statement timeout, scoped to it),
 ``rows`` (which rows are live or stale), ``functions`` (the server's UTC
 clock), ``fences``, ``checks`` (its system check) and ``postgres`` (the
 variant that insists on PostgreSQL).

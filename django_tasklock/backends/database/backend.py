@@ -164,9 +164,9 @@ class DatabaseBackend(BaseBackend):
     def refresh_many(self, items: Sequence[Refresh]) -> list[bool]:
         """One UPDATE per chunk of 500 leases (per ttl and cap, except on PostgreSQL).
 
-        Runs under a statement timeout (``db_statements.REFRESH_TIMEOUT``, 5 s):
-        on PostgreSQL in the same query, elsewhere set once on the calling
-        thread's connection, the heartbeat's own (see ``bound_refreshes``).
+        Runs under a statement timeout (``timeouts.REFRESH_TIMEOUT``, 5 s) that
+        ends with its statement: no session setting is left on the connection
+        (see ``timeouts``).
         """
         stored = [storage_key(item.key) for item in items]
         in_test = self._test_leases

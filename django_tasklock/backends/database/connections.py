@@ -2,17 +2,20 @@
 
 A lease must be committed the moment it is taken: another worker has to see it
 at once, and the caller's transaction must not be able to roll it back. So
-when the calling thread is inside a transaction on the lock's database, the
+when the calling thread is inside a transaction on the lock's database
+(``atomic()``, or autocommit off, ``AUTOCOMMIT: False`` included), the
 statements go through a second connection to the same database (the "side"
-connection), opened for those statements only and closed (or handed back to
-Django's pool) right after: no connection of the lock outlives the statement
-it was opened for, whatever ``CONN_MAX_AGE`` says, so nothing is left for
-``close_old_connections()`` to miss. Two cases differ:
+connection), always in autocommit, opened for those statements only and
+closed (or handed back to Django's pool) right after: no connection of the
+lock outlives the statement it was opened for, whatever ``CONN_MAX_AGE``
+says, so nothing is left for ``close_old_connections()`` to miss. Two cases
+differ:
 
 * a Django ``TestCase`` transaction: the test's own connection is used, so
   that tests stay isolated and everything is rolled back;
 * SQLite: one writer per database file, so a second connection would wait for
-  the caller's transaction; a clear error says what to do instead.
+  the caller's transaction once it has begun; a clear error then says what to
+  do instead.
 """
 
 from __future__ import annotations
@@ -60,27 +63,56 @@ def in_test_transaction(connection: BaseDatabaseWrapper) -> bool:
     )
 
 
+def in_callers_transaction(connection: BaseDatabaseWrapper) -> bool:
+    """Whether a statement sent through ``connection`` would join a transaction of the caller's.
+
+    Inside ``atomic()``, and whenever autocommit is off: turned off by
+    ``transaction.set_autocommit(False)``, or by ``AUTOCOMMIT: False`` in the
+    settings, which also holds for a connection not opened yet (Django opens
+    it with autocommit off, and the first statement begins a transaction).
+    """
+    if connection.in_atomic_block:
+        return True
+    if connection.connection is None:
+        return not connection.settings_dict.get("AUTOCOMMIT", True)
+    return not connection.get_autocommit()
+
+
+def joins_callers_transaction(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the lock's statements for this alias would run in the caller's transaction.
+
+    Only under a Django ``TestCase``, and on SQLite once a transaction has
+    begun (where writing raises ``TaskLockError`` and reading uses the
+    caller's connection). Everywhere else they run in autocommit, on the
+    caller's connection or on a side connection (see :func:`alias_for_writing`).
+    """
+    if not in_callers_transaction(connection):
+        return False
+    if in_test_transaction(connection):
+        return True
+    return connection.vendor == "sqlite" and _sqlite_transaction_begun(connection)
+
+
 @contextmanager
 def alias_for_writing(using: str) -> Iterator[str]:
     """``using``, or, when ``using`` is in a transaction, a side connection open for the block.
 
     The side connection is a wrapper of the same database under the same
-    alias, registered for this thread as ``using + "__tasklock"``: with
-    Django's connection pool (PostgreSQL ``OPTIONS["pool"]``) it borrows from
-    ``using``'s pool rather than making a second one. Nested blocks of one
-    thread share it; the outermost closes it.
+    alias, registered for this thread as ``using + "__tasklock"``, always in
+    autocommit (whatever ``AUTOCOMMIT`` says): with Django's connection pool
+    (PostgreSQL ``OPTIONS["pool"]``) it borrows from ``using``'s pool rather
+    than making a second one. Nested blocks of one thread share it; the
+    outermost closes it.
 
-    Raises ``TaskLockError`` on SQLite inside a (non-test) transaction.
+    Raises ``TaskLockError`` on SQLite inside a (non-test) transaction. With
+    autocommit off but no transaction begun yet on the connection, SQLite
+    gets a side connection too: nothing of the caller's holds the file.
     """
     connection = connection_for(using)
-    if connection.in_atomic_block:
-        if in_test_transaction(connection):
-            yield using
-            return
-    elif connection.connection is None or connection.get_autocommit():
+    if not in_callers_transaction(connection) or in_test_transaction(connection):
         yield using
         return
-    if connection.vendor == "sqlite":
+    if connection.vendor == "sqlite" and _sqlite_transaction_begun(connection):
         raise TaskLockError(
             f"Cannot take a task lock inside a transaction on the SQLite database {using!r}: "
             "SQLite has one writer at a time, so the lock could be neither committed at once "
@@ -97,7 +129,7 @@ def alias_for_writing(using: str) -> Iterator[str]:
     if _thread_connection(side) is not None:
         yield side
         return
-    add_thread_connection(side, connection.settings_dict, alias=using)
+    add_thread_connection(side, {**connection.settings_dict, "AUTOCOMMIT": True}, alias=using)
     try:
         yield side
     finally:
@@ -109,6 +141,13 @@ def alias_for_writing(using: str) -> Iterator[str]:
             logger.debug("Closing the side connection to %r failed.", using, exc_info=True)
         finally:
             del connections[side]
+
+
+def _sqlite_transaction_begun(connection: BaseDatabaseWrapper) -> bool:
+    """Inside ``atomic()``, or autocommit off and a statement already began a transaction."""
+    if connection.in_atomic_block:
+        return True
+    return connection.connection is not None and bool(connection.connection.in_transaction)
 
 
 @contextmanager

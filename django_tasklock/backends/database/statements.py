@@ -27,7 +27,6 @@ SQLite has one writer at a time.
 from __future__ import annotations
 
 import json
-import weakref
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -36,7 +35,9 @@ from django.db import connections
 from django.db.models import F, Q, sql
 from django.db.models.functions import Least
 
+from django_tasklock.backends.database import timeouts
 from django_tasklock.backends.database.functions import UtcNow
+from django_tasklock.backends.database.timeouts import REFRESH_TIMEOUT as REFRESH_TIMEOUT
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -46,15 +47,8 @@ if TYPE_CHECKING:
 
 #: Most leases one refresh statement carries.
 REFRESH_CHUNK = 500
-#: A refresh statement running longer than this is cancelled by the server, so
-#: that one stalled statement cannot hold up the other leases' refreshes.
-REFRESH_TIMEOUT = timedelta(seconds=5)
 
-_TIMEOUT_MS = int(REFRESH_TIMEOUT.total_seconds() * 1000)
 _KEY, _TOKEN = "\x00tasklock-key\x00", "\x00tasklock-token\x00"
-
-# Raw connections already given the refresh timeout (a new one after a reconnect is not).
-_bounded: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class Release:
@@ -81,40 +75,6 @@ class Release:
             return int(cursor.rowcount)
 
 
-def _client_side_binding(connection: BaseDatabaseWrapper) -> bool:
-    """Whether statements go as one simple query with the values inlined (Django's default)."""
-    return not connection.settings_dict.get("OPTIONS", {}).get("server_side_binding")
-
-
-def bound_refreshes(connection: BaseDatabaseWrapper) -> None:
-    """Give ``connection`` the refresh timeout where the statement cannot carry it itself.
-
-    PostgreSQL with Django's default client-side binding needs nothing here:
-    each refresh is sent as ``SET LOCAL statement_timeout …; UPDATE …`` in one
-    query, which the server runs as one implicit transaction, so the timeout
-    ends with it (safe behind PgBouncer in transaction pooling). With
-    ``server_side_binding`` (already unsafe behind such a pooler) and on
-    MariaDB it is a session setting, sent once per server connection on the
-    heartbeat's own connection. SQLite waits for its lock at most its
-    ``timeout`` option (5 s by default).
-    """
-    if connection.vendor == "postgresql":
-        if _client_side_binding(connection):
-            return
-        statement = f"SET statement_timeout = {_TIMEOUT_MS}"
-    elif connection.vendor == "mysql" and getattr(connection, "mysql_is_mariadb", False):
-        statement = f"SET SESSION max_statement_time = {REFRESH_TIMEOUT.total_seconds()}"
-    else:
-        return
-    connection.ensure_connection()
-    raw = connection.connection
-    if raw in _bounded:
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(statement)
-    _bounded.add(raw)
-
-
 Row = tuple[str, str, timedelta, timedelta]  # stored key, token, ttl, max_lifetime
 
 
@@ -122,10 +82,9 @@ def refresh(model: type[CacheEntry], alias: str, rows: Sequence[Row]) -> set[tup
     """Extend ``rows`` where still held by their token: the (stored key, token) pairs still ours.
 
     One statement per chunk (per ttl and cap outside PostgreSQL), under the
-    refresh timeout.
+    refresh timeout (see ``timeouts``).
     """
     connection = connections[alias]
-    bound_refreshes(connection)
     ours: set[tuple[str, str]] = set()
     if connection.vendor == "postgresql":
         for chunk in chunks(rows, REFRESH_CHUNK):
@@ -181,12 +140,11 @@ def refresh_postgres(
             for key, token, ttl, cap in rows
         ]
     )
-    inline = _client_side_binding(connection)
-    if inline:  # one query, one implicit transaction: the timeout ends with it
-        statement = f"SET LOCAL statement_timeout = {_TIMEOUT_MS}; {statement}"
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [payload])
-        if inline:
+    # One query, one implicit transaction: the timeout ends with it.
+    timeout = timeouts.postgres_prefix(connection)
+    with timeouts.client_side_cursor(connection) as cursor:
+        cursor.execute(timeout + statement, [payload])
+        if timeout:
             cursor.nextset()  # past the SET's empty result
         return {(key, value) for key, value in cursor.fetchall()}
 
@@ -203,6 +161,8 @@ def refresh_portable(
 
     When every row was updated that is the answer; otherwise one SELECT of the
     rows still ours and live says which (a row the UPDATE extended stays live).
+    On MariaDB the UPDATE runs under the refresh timeout; the SELECT, a
+    consistent read, waits for no row lock.
     """
     ours = Q(*(Q(key=key, value=token) for key, token in rows), _connector=Q.OR)
     live = model.objects.using(alias).filter(ours, expires_at__gt=UtcNow())
@@ -222,6 +182,7 @@ def update_by_primary_key(rows: QuerySet[CacheEntry], alias: str, **values: Any)
     Through the ``expires_at`` index (the optimizer's pick on a small table)
     InnoDB would lock that index's entry of each row before the row itself,
     the opposite of a DELETE, which locks the row and then its index entries.
+    On MariaDB the statement carries the refresh timeout (see ``timeouts``).
     """
     query = rows.query.chain(sql.UpdateQuery)
     assert isinstance(query, sql.UpdateQuery)
@@ -231,7 +192,8 @@ def update_by_primary_key(rows: QuerySet[CacheEntry], alias: str, **values: Any)
     head = f"UPDATE {table} SET "
     if not statement.startswith(head):  # pragma: no cover - Django changed its UPDATE
         raise AssertionError(f"unexpected UPDATE: {statement[:80]}")
-    statement = f"UPDATE {table} FORCE INDEX (PRIMARY) SET {statement[len(head) :]}"
+    timeout = timeouts.mariadb_prefix(connections[alias])
+    statement = f"{timeout}UPDATE {table} FORCE INDEX (PRIMARY) SET {statement[len(head) :]}"
     with connections[alias].cursor() as cursor:
         cursor.execute(statement, params)
         return int(cursor.rowcount)
