@@ -110,6 +110,12 @@ QUOTED_INSTALL = "pip install 'django-tasklock[redis]'"
         ('TASKLOCK_DATABASE = "nope"', (), {"E006"}, "Use one of: default"),
         ('TASKLOCK_DEFAULTS = {"ttl": -1}', (), {"E007"}, "TASKLOCK_DEFAULTS takes"),
         ('TASKLOCK_BACKEND = "postgres"', (), {"E008"}, 'TASKLOCK_BACKEND = "database"'),
+        (
+            'TASKLOCK_BACKEND = "redis"\nTASKLOCK_REDIS_URL = "127.0.0.1:6379"',
+            (),
+            {"E009"},
+            "redis+sentinel://",
+        ),
     ],
     ids=[
         "E001",
@@ -121,6 +127,7 @@ QUOTED_INSTALL = "pip install 'django-tasklock[redis]'"
         "E006",
         "E007",
         "E008",
+        "E009",
     ],
 )
 def test_manage_py_check_reports(

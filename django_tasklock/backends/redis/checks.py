@@ -1,4 +1,4 @@
-"""The Redis backend's system checks: a missing extra, a cache that is not Redis.
+"""The Redis backend's system checks: a missing package, a bad URL, a cache that is not Redis.
 
 Read from settings and installed packages only: nothing connects to Redis.
 """
@@ -10,6 +10,7 @@ import importlib
 from django.conf import settings
 from django.core import checks
 
+from django_tasklock.backends.redis.urls import FORMS, RedisURLError, parse_url
 from django_tasklock.conf import conf
 
 #: How to get redis-py and django-redis, for messages: quoted for zsh.
@@ -17,7 +18,10 @@ INSTALL_HINT = "pip install 'django-tasklock[redis]' (from a checkout: pip insta
 
 
 def check_redis() -> list[checks.CheckMessage]:
-    """E002: redis-py (or, without a URL, django-redis) is missing; E003-E004: the cache."""
+    """E002: redis-py (or, without a URL, django-redis) is missing; E009: the URL.
+
+    E003-E004: the cache, when no URL is set.
+    """
     needed = {"redis": "redis-py"}
     if not conf.REDIS_URL:
         needed["django_redis"] = "django-redis"
@@ -33,6 +37,17 @@ def check_redis() -> list[checks.CheckMessage]:
             )
         )
     if conf.REDIS_URL:
+        try:
+            # The same reading as at first use, so check and first use agree.
+            parse_url(conf.REDIS_URL)
+        except RedisURLError as exc:
+            errors.append(
+                checks.Error(
+                    f"{exc.setting}: {exc.problem}.",
+                    hint=f"Give TASKLOCK_REDIS_URL one of the forms {FORMS}.",
+                    id="django_tasklock.E009",
+                )
+            )
         return errors
     alias = conf.REDIS_CACHE
     cache = settings.CACHES.get(alias)
