@@ -35,7 +35,7 @@ from django_tasklock.backends.base import (
     storage_key,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
-from django_tasklock.backends.redis.checks import INSTALL_HINT, check_redis
+from django_tasklock.backends.redis.checks import check_redis
 from django_tasklock.backends.redis.scripts import FENCE_PREFIX, PRELUDE, SCRIPTS
 from django_tasklock.backends.redis.urls import client_from_url
 
@@ -118,7 +118,7 @@ class RedisBackend(BaseBackend):
             import redis  # noqa: F401 - the check that redis-py is installed
         except ImportError as exc:
             raise ImproperlyConfigured(
-                f"The Redis lock backend needs redis-py: {INSTALL_HINT}."
+                "The Redis lock backend needs redis-py: pip install redis."
             ) from exc
         if self._url is not None:
             return client_from_url(self._url)
@@ -126,8 +126,8 @@ class RedisBackend(BaseBackend):
             from django_redis import get_redis_connection
         except ImportError as exc:
             raise ImproperlyConfigured(
-                f"TASKLOCK_REDIS_CACHE needs django-redis: {INSTALL_HINT} "
-                "(or set TASKLOCK_REDIS_URL)."
+                "TASKLOCK_REDIS_CACHE needs django-redis: pip install django-redis "
+                "(or set TASKLOCK_REDIS_URL, which needs only redis)."
             ) from exc
         try:
             connection: redis.Redis = get_redis_connection(self._cache_alias, write=True)

@@ -13,8 +13,8 @@ from django.core import checks
 from django_tasklock.backends.redis.urls import FORMS, RedisURLError, parse_url
 from django_tasklock.conf import conf
 
-#: How to get redis-py and django-redis, for messages: quoted for zsh.
-INSTALL_HINT = "pip install 'django-tasklock[redis]' (from a checkout: pip install '.[redis]')"
+#: The PyPI names of what the Redis backend imports: these install from anywhere.
+PACKAGES = {"redis": "redis", "django_redis": "django-redis"}
 
 
 def check_redis() -> list[checks.CheckMessage]:
@@ -22,17 +22,17 @@ def check_redis() -> list[checks.CheckMessage]:
 
     E003-E004: the cache, when no URL is set.
     """
-    needed = {"redis": "redis-py"}
-    if not conf.REDIS_URL:
-        needed["django_redis"] = "django-redis"
-    missing = [package for module, package in needed.items() if not _importable(module)]
+    needed = ["redis"] if conf.REDIS_URL else ["redis", "django_redis"]
+    missing = [PACKAGES[module] for module in needed if not _importable(module)]
     errors: list[checks.CheckMessage] = []
     if missing:
+        shown = " and ".join("redis-py" if name == "redis" else name for name in missing)
         errors.append(
             checks.Error(
-                f"The Redis lock backend needs {' and '.join(missing)}, which cannot be "
-                "imported: the [redis] extra is not installed.",
-                hint=f"Install the [redis] extra: {INSTALL_HINT}.",
+                f"The Redis lock backend needs {shown}, which cannot be imported.",
+                hint=f"pip install {' '.join(missing)} (django-redis lets the lock share a "
+                "django-redis cache's connection pool, TASKLOCK_REDIS_CACHE; with "
+                "TASKLOCK_REDIS_URL, redis alone is enough).",
                 id="django_tasklock.E002",
             )
         )
