@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.decorators import exclusive
-from django_tasklock.exceptions import LockNotAcquired, TaskLockError
+from django_tasklock.exceptions import LockNotAcquired, SyncLockInAsyncContext, TaskLockError
 from django_tasklock.lock import Lock
 from django_tasklock.options import LockKwargs
 from django_tasklock.service import (
@@ -24,6 +24,7 @@ __all__ = [
     "LockKwargs",
     "LockNotAcquired",
     "LockResult",
+    "SyncLockInAsyncContext",
     "TaskLockError",
     "TaskLockService",
     "arun_exclusive",

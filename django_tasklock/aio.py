@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
+
+from django_tasklock.exceptions import SyncLockInAsyncContext
 
 T = TypeVar("T")
 
@@ -32,3 +35,21 @@ def off_loop(fn: Callable[..., T]) -> Callable[..., Coroutine[Any, Any, T]]:
     connection per pool thread that nothing would close.
     """
     return sync_to_async(fn, thread_sensitive=True)
+
+
+def refuse_event_loop(key: str, call: str, twin: str) -> None:
+    """Raise :class:`SyncLockInAsyncContext` if this thread runs an event loop.
+
+    Django's own test, so that the lock behaves alike on every backend: a
+    sync view under ASGI runs in a worker thread, without a loop, and passes.
+    """
+    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
+        return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise SyncLockInAsyncContext(
+        f"Task lock {key!r}: {call} was called inside async code, where it would block "
+        f"the event loop; use {twin} there instead."
+    )

@@ -15,7 +15,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from django_tasklock.aio import keep, off_loop
+from django_tasklock.aio import keep, off_loop, refuse_event_loop
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, Holder
 from django_tasklock.exceptions import LockNotAcquired
@@ -110,7 +110,11 @@ class Lock:
         return self
 
     def try_acquire(self) -> bool:
-        """Like :meth:`acquire`, but False instead of ``LockNotAcquired``."""
+        """Like :meth:`acquire`, but False instead of ``LockNotAcquired``.
+
+        Raises ``SyncLockInAsyncContext`` inside async code: use the ``a`` twins.
+        """
+        refuse_event_loop(self.key, "with lock / acquire()", "async with lock / aacquire()")
         backend = self._ready()
         backoff = Backoff(self.wait)
         look_first = False

@@ -7,6 +7,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from django_tasklock.aio import refuse_event_loop
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock
 from django_tasklock.callables import (
@@ -107,11 +108,14 @@ class TaskLockService:
         Raises:
             TypeError, ValueError: bad arguments, naming the parameter; nothing is written
                 (a coroutine function for ``fn`` or ``on_locked`` names ``arun_exclusive``).
+            SyncLockInAsyncContext: called inside async code (a running event loop in
+                this thread), where it would block the loop; nothing is written.
             ImproperlyConfigured: ``TASKLOCK_DEFAULTS`` is invalid.
         """
         validate_key(key)
         validate_sync_callable("fn", fn, twin="arun_exclusive")
         validate_sync_callable("on_locked", on_locked, twin="arun_exclusive", optional=True)
+        refuse_event_loop(key, "run_exclusive()", "await arun_exclusive()")
         lock = self.lock(key, **options)
         acquired, result = False, None
         try:
