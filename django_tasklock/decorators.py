@@ -108,7 +108,13 @@ def exclusive(
     ``TaskLockService.lock``: an unknown one is a ``TypeError`` now, bad
     values a ``TypeError`` or ``ValueError`` at each call, before anything is
     written. ``service`` defaults to the one of ``TASKLOCK_BACKEND``.
+
+    A task framework's decorator goes above ``@exclusive``, so that the
+    worker runs the locked function; a Celery or Django task given to
+    ``exclusive`` is a ``TypeError`` naming that order.
     """
+    if target is not None and not isinstance(target, str):
+        refuse_task_object(target)
     if callable(target) and not isinstance(target, str):
         if key is not None:
             raise TypeError("exclusive() got a function and key=: pass the key only")
@@ -127,10 +133,33 @@ def exclusive(
     check_lock_kwargs(options)
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        refuse_task_object(func)
         validate_callable("func", func)
         return _wrap(func, KeyBuilder(func, key), options, on_locked, service)
 
     return decorate
+
+
+def refuse_task_object(value: object) -> None:
+    """A task object where the function belongs: the decorators are in the wrong order.
+
+    Recognised by what it offers, without importing Celery or the Tasks framework.
+    """
+    kind = type(value)
+    celery_task = callable(getattr(kind, "apply_async", None)) and callable(
+        getattr(kind, "delay", None)
+    )
+    # @shared_task gives a lazy proxy: looking at its attributes would make the task.
+    if celery_task or kind.__module__.partition(".")[0] == "celery":
+        raise TypeError(
+            "@exclusive is above a Celery task: put @shared_task (or @app.task) above "
+            "@exclusive, so that the worker runs the locked function"
+        )
+    if callable(getattr(value, "enqueue", None)) and callable(getattr(value, "func", None)):
+        raise TypeError(
+            "@exclusive is above a Django task: put @task() above @exclusive, so that the "
+            "worker runs the locked function"
+        )
 
 
 def _wrap(
