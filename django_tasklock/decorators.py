@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
 from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
-from django_tasklock.callables import validate_callable
+from django_tasklock.callables import refuse_coroutine, validate_callable
 from django_tasklock.exceptions import LockNotAcquired
-from django_tasklock.keys import KeyBuilder, KeySpec
+from django_tasklock.keys import KeyBuilder, KeySpec, default_key
 from django_tasklock.lock import Lock
 from django_tasklock.options import LockKwargs, check_lock_kwargs
 from django_tasklock.service import TaskLockService, lock
@@ -189,14 +189,20 @@ def _wrap(
 
         return async_wrapper
 
+    advice = "declare it with async def, so that @exclusive holds the lock while it runs"
+
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         with ExitStack() as stack:
             try:
                 stack.enter_context(make_lock(args, kwargs))
             except LockNotAcquired:
-                return _when_held(on_locked, args, kwargs)
-            return func(*args, **kwargs)
+                outcome = _when_held(on_locked, args, kwargs)
+                refuse_coroutine("on_locked", outcome, advice=advice)
+                return outcome
+            result = func(*args, **kwargs)
+            refuse_coroutine(default_key(func), result, advice=advice)
+            return result
 
     return wrapper
 

@@ -113,15 +113,39 @@ def project_defaults(settings_value: Mapping[str, Any] | None = None) -> dict[st
                     f"TASKLOCK_DEFAULTS['refresh_interval'] must be less than the ttl "
                     f"({resolved['refresh_interval']} >= {ttl})"
                 )
+        if "ttl" in resolved and "max_lifetime" in resolved:
+            check_ttl_within_lifetime(
+                resolved["ttl"],
+                resolved["max_lifetime"],
+                "TASKLOCK_DEFAULTS['ttl']",
+                "TASKLOCK_DEFAULTS['max_lifetime']",
+            )
     except (TypeError, ValueError) as exc:
         raise ImproperlyConfigured(str(exc)) from exc
     return resolved
 
 
+def check_ttl_within_lifetime(
+    ttl: timedelta, max_lifetime: timedelta, ttl_name: str, lifetime_name: str
+) -> None:
+    """A ``ttl`` someone chose longer than a ``max_lifetime`` someone chose is a mistake.
+
+    No lease outlives acquisition + ``max_lifetime``: such a ttl was capped
+    silently. A ttl nobody chose (the built-in one, or the project's under a
+    call's own ``max_lifetime``) still gives way to a shorter ``max_lifetime``.
+    """
+    if ttl > max_lifetime:
+        raise ValueError(
+            f"{ttl_name} must be at most {lifetime_name} ({ttl} > {max_lifetime}): "
+            "no lease outlives acquisition + max_lifetime"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class LockOptions:
     """The lease's timing, validated: ``1 ms <= refresh_interval < ttl <= 24 h``,
-    ``max_lifetime`` from 1 ms to 24 h."""
+    ``max_lifetime`` from 1 ms to 24 h, a ``ttl`` chosen with a ``max_lifetime``
+    no longer than it."""
 
     ttl: timedelta = DEFAULT_TTL
     refresh_interval: timedelta = DEFAULT_TTL / 3
@@ -189,6 +213,13 @@ class LockOptions:
                 "the lease would expire between two refreshes"
             )
         lifetime_td = call_lifetime or project.get("max_lifetime")
+        if call_ttl is not None and lifetime_td is not None:
+            check_ttl_within_lifetime(
+                call_ttl,
+                lifetime_td,
+                "ttl",
+                "max_lifetime" if call_lifetime else "max_lifetime (TASKLOCK_DEFAULTS)",
+            )
         return cls(
             ttl=ttl_td,
             refresh_interval=interval_td,

@@ -11,6 +11,7 @@ from django_tasklock.aio import refuse_event_loop
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock
 from django_tasklock.callables import (
+    refuse_coroutine,
     validate_async_callable,
     validate_callable,
     validate_sync_callable,
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from django_tasklock.options import LockKwargs
 
 T = TypeVar("T")
+
+_ASYNC_ADVICE = "make it an async def and use arun_exclusive() instead"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +110,9 @@ class TaskLockService:
 
         Raises:
             TypeError, ValueError: bad arguments, naming the parameter; nothing is written
-                (a coroutine function for ``fn`` or ``on_locked`` names ``arun_exclusive``).
+                (a coroutine function for ``fn`` or ``on_locked`` names ``arun_exclusive``;
+                so does a plain function that returns a coroutine, which is closed, after
+                the lock is released).
             SyncLockInAsyncContext: called inside async code (a running event loop in
                 this thread), where it would block the loop; nothing is written.
             ImproperlyConfigured: ``TASKLOCK_DEFAULTS`` is invalid.
@@ -122,6 +127,7 @@ class TaskLockService:
             acquired = lock.try_acquire()
             if acquired:
                 result = fn()
+                refuse_coroutine("fn", result, advice=_ASYNC_ADVICE)
         finally:
             # lock.held, not try_acquire's answer: interrupted just after the
             # grant, before that answer was stored, the lease is still released.
@@ -129,7 +135,7 @@ class TaskLockService:
                 lock.release()
         if not acquired:
             if on_locked is not None:
-                on_locked()
+                refuse_coroutine("on_locked", on_locked(), advice=_ASYNC_ADVICE)
             return LockResult(acquired=False)
         return LockResult(acquired=True, result=result, lost=lock.lost, fence=lock.fence)
 
