@@ -110,10 +110,7 @@ class Lock:
         return self
 
     def try_acquire(self) -> bool:
-        """Like :meth:`acquire`, but False instead of ``LockNotAcquired``.
-
-        Raises ``SyncLockInAsyncContext`` inside async code: use the ``a`` twins.
-        """
+        """Like :meth:`acquire`, but False instead of ``LockNotAcquired``."""
         refuse_event_loop(self.key, "with lock / acquire()", "async with lock / aacquire()")
         backend = self._ready()
         backoff = Backoff(self.wait)

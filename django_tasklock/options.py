@@ -114,12 +114,8 @@ def project_defaults(settings_value: Mapping[str, Any] | None = None) -> dict[st
                     f"({resolved['refresh_interval']} >= {ttl})"
                 )
         if "ttl" in resolved and "max_lifetime" in resolved:
-            check_ttl_within_lifetime(
-                resolved["ttl"],
-                resolved["max_lifetime"],
-                "TASKLOCK_DEFAULTS['ttl']",
-                "TASKLOCK_DEFAULTS['max_lifetime']",
-            )
+            names = ("TASKLOCK_DEFAULTS['ttl']", "TASKLOCK_DEFAULTS['max_lifetime']")
+            check_ttl_within_lifetime(resolved["ttl"], resolved["max_lifetime"], *names)
     except (TypeError, ValueError) as exc:
         raise ImproperlyConfigured(str(exc)) from exc
     return resolved
@@ -128,11 +124,10 @@ def project_defaults(settings_value: Mapping[str, Any] | None = None) -> dict[st
 def check_ttl_within_lifetime(
     ttl: timedelta, max_lifetime: timedelta, ttl_name: str, lifetime_name: str
 ) -> None:
-    """A ``ttl`` someone chose longer than a ``max_lifetime`` someone chose is a mistake.
+    """A chosen ttl longer than a chosen max_lifetime (once capped silently) is an error.
 
-    No lease outlives acquisition + ``max_lifetime``: such a ttl was capped
-    silently. A ttl nobody chose (the built-in one, or the project's under a
-    call's own ``max_lifetime``) still gives way to a shorter ``max_lifetime``.
+    A ttl the call did not choose (built-in, or the project's under a call's
+    own ``max_lifetime``) still gives way to a shorter ``max_lifetime``.
     """
     if ttl > max_lifetime:
         raise ValueError(
@@ -214,12 +209,8 @@ class LockOptions:
             )
         lifetime_td = call_lifetime or project.get("max_lifetime")
         if call_ttl is not None and lifetime_td is not None:
-            check_ttl_within_lifetime(
-                call_ttl,
-                lifetime_td,
-                "ttl",
-                "max_lifetime" if call_lifetime else "max_lifetime (TASKLOCK_DEFAULTS)",
-            )
+            lifetime_name = "max_lifetime" if call_lifetime else "max_lifetime (TASKLOCK_DEFAULTS)"
+            check_ttl_within_lifetime(call_ttl, lifetime_td, "ttl", lifetime_name)
         return cls(
             ttl=ttl_td,
             refresh_interval=interval_td,
