@@ -75,8 +75,20 @@ def test_a_bad_url_is_e009_with_a_hint_naming_the_schemes(url: str) -> None:
 
 @pytest.mark.parametrize("url", ["127.0.0.1:6379", "redis://127.0.0.1:²/0", "redis://h/0?x=1"])
 def test_a_bad_url_is_refused_at_first_use_naming_the_setting(url: str) -> None:
-    with pytest.raises(ImproperlyConfigured, match=r"^TASKLOCK_REDIS_URL: "):
-        RedisBackend(url=url).peek("key")
+    from django_tasklock import run_exclusive
+
+    ran: list[int] = []
+    with (
+        override_settings(TASKLOCK_BACKEND="redis", TASKLOCK_REDIS_URL=url),
+        pytest.raises(ImproperlyConfigured, match=r"^TASKLOCK_REDIS_URL: "),
+    ):
+        run_exclusive("key", lambda: ran.append(1))
+    assert ran == []
+
+
+def test_a_bad_url_given_to_the_backend_is_a_value_error_naming_url() -> None:
+    with pytest.raises(ValueError, match=r"^url: the port '²'"):
+        RedisBackend(url="redis://127.0.0.1:²/0")
 
 
 @runs_manage_py_check
