@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.decorators import exclusive
-from django_tasklock.exceptions import LockLost, LockNotAcquired, TaskLockError
+from django_tasklock.exceptions import (
+    LockLost,
+    LockNotAcquired,
+    SyncLockInAsyncContext,
+    TaskLockError,
+)
 from django_tasklock.lock import Lock
 from django_tasklock.loss import checkpoint, current_lock
 from django_tasklock.options import LockKwargs
@@ -32,6 +37,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockResult",
+    "SyncLockInAsyncContext",
     "TaskLockError",
     "TaskLockService",
     "arun_exclusive",

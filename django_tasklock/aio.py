@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
+
+from django_tasklock.exceptions import SyncLockInAsyncContext
 
 if TYPE_CHECKING:
     from django_tasklock.lease import Lease
@@ -87,3 +90,21 @@ class LossCanceller:
         if isinstance(error, asyncio.CancelledError):  # pragma: no cover - Python 3.10
             return error.args == (self.MESSAGE,)
         return True  # pragma: no cover - Python 3.10
+
+
+def refuse_event_loop(key: str, call: str, twin: str) -> None:
+    """Raise :class:`SyncLockInAsyncContext` if this thread runs an event loop.
+
+    Django's own test, so that the lock behaves alike on every backend: a
+    sync view under ASGI runs in a worker thread, without a loop, and passes.
+    """
+    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
+        return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise SyncLockInAsyncContext(
+        f"Task lock {key!r}: {call} was called inside async code, where it would block "
+        f"the event loop; use {twin} there instead."
+    )

@@ -3,7 +3,9 @@
 ``run_exclusive`` calls what it is given: a coroutine function there would
 return a coroutine that is never awaited, so it is refused, naming
 ``arun_exclusive`` instead; ``arun_exclusive`` refuses what it cannot await.
-Every error is a ``TypeError`` naming the parameter.
+A plain function that *returns* a coroutine is only seen once it has
+returned: the coroutine is closed and refused. Every error is a
+``TypeError`` naming the parameter.
 """
 
 from __future__ import annotations
@@ -47,4 +49,19 @@ def validate_async_callable(name: str, value: object, *, twin: str) -> None:
     if not is_coroutine_function(value):
         raise TypeError(
             f"{name} must be a coroutine function (async def); use {twin}() for {value!r}"
+        )
+
+
+def refuse_coroutine(name: str, value: object, *, advice: str) -> None:
+    """Refuse a coroutine a plain function returned to the sync API.
+
+    It would run (if ever) outside the lock, which was held only while the
+    coroutine was made. Closed first, so Python does not also warn that it
+    was never awaited.
+    """
+    if inspect.iscoroutine(value):
+        value.close()
+        raise TypeError(
+            f"{name} returned a coroutine, which the sync API does not await: it would "
+            f"run outside the lock; {advice}"
         )

@@ -43,7 +43,8 @@ def check_tasklock_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
                 f"TASKLOCK_DEFAULTS is invalid: {exc}",
                 hint="TASKLOCK_DEFAULTS takes ttl, refresh_interval and max_lifetime as "
                 "seconds or timedeltas from 1 ms to 24 h, with refresh_interval < ttl "
-                "(the built-in ttl, 15 minutes, when it names none).",
+                "(the built-in ttl, 15 minutes, when it names none) and ttl <= max_lifetime "
+                "when it names both.",
                 id="django_tasklock.E007",
             )
         )

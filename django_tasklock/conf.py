@@ -12,6 +12,7 @@ from typing import Any
 from django.conf import settings
 
 BACKEND_ENV_VAR = "TASKLOCK_BACKEND"
+REDIS_URL_ENV_VAR = "TASKLOCK_REDIS_URL"
 
 
 class Settings:
@@ -33,7 +34,14 @@ class Settings:
 
     @property
     def REDIS_URL(self) -> str | None:
+        """``TASKLOCK_REDIS_URL``; when absent, the environment variable; else None.
+
+        Read like ``BACKEND``, so that the two environment variables alone
+        switch any project to Redis.
+        """
         value = getattr(settings, "TASKLOCK_REDIS_URL", None)
+        if value is None:
+            value = os.environ.get(REDIS_URL_ENV_VAR)
         return str(value) if value else None
 
     @property

@@ -13,9 +13,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from django_tasklock import loss
 from django_tasklock.aio import off_loop
-from django_tasklock.callables import validate_callable
+from django_tasklock.callables import refuse_coroutine, validate_callable
 from django_tasklock.exceptions import LockNotAcquired
-from django_tasklock.keys import KeyBuilder, KeySpec
+from django_tasklock.keys import KeyBuilder, KeySpec, default_key
 from django_tasklock.lock import Lock
 from django_tasklock.options import LockKwargs, check_lock_kwargs
 from django_tasklock.service import TaskLockService, lock
@@ -128,7 +128,13 @@ def exclusive(
     the call raises ``LockLost`` when it returns), an ``async def`` one by
     cancelling its task at the declaration (``cancel_on_loss``). Either way
     the key is released and the caller gets ``LockLost``.
+
+    A task framework's decorator goes above ``@exclusive``, so that the
+    worker runs the locked function; a Celery or Django task given to
+    ``exclusive`` is a ``TypeError`` naming that order.
     """
+    if target is not None and not isinstance(target, str):
+        refuse_task_object(target)
     if callable(target) and not isinstance(target, str):
         if key is not None:
             raise TypeError("exclusive() got a function and key=: pass the key only")
@@ -154,10 +160,33 @@ def exclusive(
         raise error(f"on_lost must be one of {ON_LOST}, not {on_lost!r}")
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        refuse_task_object(func)
         validate_callable("func", func)
         return _wrap(func, KeyBuilder(func, key), options, on_locked, on_lost == "raise", service)
 
     return decorate
+
+
+def refuse_task_object(value: object) -> None:
+    """A task object where the function belongs: the decorators are in the wrong order.
+
+    Recognised by what it offers, without importing Celery or the Tasks framework.
+    """
+    kind = type(value)
+    celery_task = callable(getattr(kind, "apply_async", None)) and callable(
+        getattr(kind, "delay", None)
+    )
+    # @shared_task gives a lazy proxy: looking at its attributes would make the task.
+    if celery_task or kind.__module__.partition(".")[0] == "celery":
+        raise TypeError(
+            "@exclusive is above a Celery task: put @shared_task (or @app.task) above "
+            "@exclusive, so that the worker runs the locked function"
+        )
+    if callable(getattr(value, "enqueue", None)) and callable(getattr(value, "func", None)):
+        raise TypeError(
+            "@exclusive is above a Django task: put @task() above @exclusive, so that the "
+            "worker runs the locked function"
+        )
 
 
 def _wrap(
@@ -195,6 +224,8 @@ def _wrap(
 
         return async_wrapper
 
+    advice = "declare it with async def, so that @exclusive holds the lock while it runs"
+
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         with ExitStack() as stack:
@@ -203,12 +234,15 @@ def _wrap(
                 stack.enter_context(held)
             except LockNotAcquired:
                 report_skipped(held, name)
-                return _when_held(on_locked, args, kwargs)
+                outcome = _when_held(on_locked, args, kwargs)
+                refuse_coroutine("on_locked", outcome, advice=advice)
+                return outcome
             context = loss.enter(held, stop=stop)
             try:
                 result = func(*args, **kwargs)
             finally:
                 loss.leave(context)
+            refuse_coroutine(default_key(func), result, advice=advice)
             if stop:  # lost while it ran, with no checkpoint after: its result is suspect
                 held.raise_if_lost()
             return result

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.core.exceptions import SynchronousOnlyOperation
+
 
 class TaskLockError(Exception):
     """Base class of django-tasklock's own errors."""
@@ -44,3 +46,15 @@ class LockLost(TaskLockError):
 
     def __reduce__(self) -> tuple[type[LockLost], tuple[str, str | None]]:
         return type(self), (self.key, self.reason)
+
+
+class SyncLockInAsyncContext(TaskLockError, SynchronousOnlyOperation):
+    """The sync API (``with lock``, ``acquire()``, ``run_exclusive``) called on an event loop.
+
+    It would block the loop while it waits for the storage (and on the
+    database backend Django refuses its queries there), so it is refused on
+    every backend before anything is written; the message names the async
+    twin. It is Django's ``SynchronousOnlyOperation``, the error Django's own
+    sync-only calls raise there, and a ``TaskLockError``. As for Django, the
+    ``DJANGO_ALLOW_ASYNC_UNSAFE`` environment variable lifts the check.
+    """

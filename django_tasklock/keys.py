@@ -5,6 +5,13 @@ A key is a ``str.format`` template over the decorated function's parameters
 function is decorated and rendered from the bound arguments (defaults
 applied) at each call; or a callable that takes the same arguments; or,
 with neither, the function's dotted name.
+
+Rendering is ``str.format``'s, so it is not one-to-one: ``("a:1", "2")`` and
+``("a", "1:2")`` both give ``"pr:a:1:2"`` under ``"pr:{repo}:{number}"``, and
+``None`` renders as ``"None"``. A key function can make keys that cannot
+collide (quoting or hashing the parts). A rendered key longer than the
+lock's limit is a ``ValueError`` naming the template and the field that
+made it long.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ import inspect
 import string
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from django_tasklock.options import MAX_KEY_LENGTH
 
 KeySpec = str | Callable[..., str] | None
 
@@ -111,7 +120,13 @@ class KeyBuilder:
         if self.key is None:
             return default_key(self.func)
         if callable(self.key):
-            return self.key(*args, **kwargs)
+            key = self.key(*args, **kwargs)
+            if isinstance(key, str) and len(key) > MAX_KEY_LENGTH:
+                raise ValueError(
+                    f"the key= function of {default_key(self.func)} returned a key of "
+                    f"{len(key)} characters, more than the {MAX_KEY_LENGTH} a key may have"
+                )
+            return key
         assert self.signature is not None
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
@@ -119,9 +134,35 @@ class KeyBuilder:
         if self.var_keyword is not None:
             names = {**names[self.var_keyword], **names}
         try:
-            return self.key.format_map(names)
+            key = self.key.format_map(names)
         except (AttributeError, LookupError, TypeError, ValueError) as exc:
             raise ValueError(
                 f"key {self.key!r} of {default_key(self.func)} could not be rendered from "
                 f"this call's arguments: {type(exc).__name__}: {exc}"
             ) from exc
+        if len(key) > MAX_KEY_LENGTH:
+            raise ValueError(self._too_long(key, names))
+        return key
+
+    def _too_long(self, key: str, names: dict[str, Any]) -> str:
+        """Which field made ``key`` too long: the caller's values are measured, not shown."""
+        assert isinstance(self.key, str)
+        lengths: dict[str, int] = {}
+        for _, field, spec, conversion in _FORMATTER.parse(self.key):
+            if field is None:
+                continue
+            try:
+                value = _FORMATTER.convert_field(
+                    _FORMATTER.get_field(field, (), names)[0], conversion
+                )
+                lengths[field] = max(lengths.get(field, 0), len(format(value, spec or "")))
+            except (AttributeError, LookupError, TypeError, ValueError):
+                continue  # a nested spec: the total still says enough
+        longest = max(lengths, key=lengths.__getitem__, default=None)
+        culprit = f": {{{longest}}} gave {lengths[longest]} of them" if longest else ""
+        return (
+            f"key {self.key!r} of {default_key(self.func)} rendered {len(key)} characters "
+            f"from this call's arguments, more than the {MAX_KEY_LENGTH} a key may have"
+            f"{culprit}. Bound what the template takes from the caller, or pass key= a "
+            "function that shortens it (a hash of the long part, for instance)"
+        )

@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from django_tasklock import loss
-from django_tasklock.aio import keep, off_loop
+from django_tasklock.aio import keep, off_loop, refuse_event_loop
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.exceptions import LockNotAcquired
@@ -126,6 +126,7 @@ class Lock(loss.ActsOnLoss):
     def try_acquire(self) -> bool:
         """Like :meth:`acquire`, but False instead of ``LockNotAcquired``."""
         self._no_cancel_on_loss()
+        refuse_event_loop(self.key, "with lock / acquire()", "async with lock / aacquire()")
         backend = self._ready()
         backoff = Backoff(self.wait)
         look_first = False

@@ -113,15 +113,34 @@ def project_defaults(settings_value: Mapping[str, Any] | None = None) -> dict[st
                     f"TASKLOCK_DEFAULTS['refresh_interval'] must be less than the ttl "
                     f"({resolved['refresh_interval']} >= {ttl})"
                 )
+        if "ttl" in resolved and "max_lifetime" in resolved:
+            names = ("TASKLOCK_DEFAULTS['ttl']", "TASKLOCK_DEFAULTS['max_lifetime']")
+            check_ttl_within_lifetime(resolved["ttl"], resolved["max_lifetime"], *names)
     except (TypeError, ValueError) as exc:
         raise ImproperlyConfigured(str(exc)) from exc
     return resolved
 
 
+def check_ttl_within_lifetime(
+    ttl: timedelta, max_lifetime: timedelta, ttl_name: str, lifetime_name: str
+) -> None:
+    """A chosen ttl longer than a chosen max_lifetime (once capped silently) is an error.
+
+    A ttl the call did not choose (built-in, or the project's under a call's
+    own ``max_lifetime``) still gives way to a shorter ``max_lifetime``.
+    """
+    if ttl > max_lifetime:
+        raise ValueError(
+            f"{ttl_name} must be at most {lifetime_name} ({ttl} > {max_lifetime}): "
+            "no lease outlives acquisition + max_lifetime"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class LockOptions:
     """The lease's timing, validated: ``1 ms <= refresh_interval < ttl <= 24 h``,
-    ``max_lifetime`` from 1 ms to 24 h."""
+    ``max_lifetime`` from 1 ms to 24 h, a ``ttl`` chosen with a ``max_lifetime``
+    no longer than it."""
 
     ttl: timedelta = DEFAULT_TTL
     refresh_interval: timedelta = DEFAULT_TTL / 3
@@ -189,6 +208,9 @@ class LockOptions:
                 "the lease would expire between two refreshes"
             )
         lifetime_td = call_lifetime or project.get("max_lifetime")
+        if call_ttl is not None and lifetime_td is not None:
+            lifetime_name = "max_lifetime" if call_lifetime else "max_lifetime (TASKLOCK_DEFAULTS)"
+            check_ttl_within_lifetime(call_ttl, lifetime_td, "ttl", lifetime_name)
         return cls(
             ttl=ttl_td,
             refresh_interval=interval_td,

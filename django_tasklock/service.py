@@ -8,10 +8,11 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from django_tasklock import loss
-from django_tasklock.aio import off_loop
+from django_tasklock.aio import off_loop, refuse_event_loop
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock
 from django_tasklock.callables import (
+    refuse_coroutine,
     validate_async_callable,
     validate_callable,
     validate_sync_callable,
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from django_tasklock.options import LockKwargs
 
 T = TypeVar("T")
+
+_ASYNC_ADVICE = "make it an async def and use arun_exclusive() instead"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,12 +122,17 @@ class TaskLockService:
 
         Raises:
             TypeError, ValueError: bad arguments, naming the parameter; nothing is written
-                (a coroutine function for ``fn`` or ``on_locked`` names ``arun_exclusive``).
+                (a coroutine function for ``fn`` or ``on_locked`` names ``arun_exclusive``;
+                so does a plain function that returns a coroutine, which is closed, after
+                the lock is released).
+            SyncLockInAsyncContext: called inside async code (a running event loop in
+                this thread), where it would block the loop; nothing is written.
             ImproperlyConfigured: ``TASKLOCK_DEFAULTS`` is invalid.
         """
         validate_key(key)
         validate_sync_callable("fn", fn, twin="arun_exclusive")
         validate_sync_callable("on_locked", on_locked, twin="arun_exclusive", optional=True)
+        refuse_event_loop(key, "run_exclusive()", "await arun_exclusive()")
         lock = self.lock(key, **options)
         acquired, result = False, None
         try:
@@ -135,6 +143,7 @@ class TaskLockService:
                     result = fn()
                 finally:
                     loss.leave(context)
+                refuse_coroutine("fn", result, advice=_ASYNC_ADVICE)
         finally:
             # lock.held, not try_acquire's answer: interrupted just after the
             # grant, before that answer was stored, the lease is still released.
@@ -143,7 +152,7 @@ class TaskLockService:
         if not acquired:
             report_skipped(lock, _name(fn))
             if on_locked is not None:
-                on_locked()
+                refuse_coroutine("on_locked", on_locked(), advice=_ASYNC_ADVICE)
             return LockResult(acquired=False)
         return LockResult(acquired=True, result=result, lost=lock.lost, fence=lock.fence)
 

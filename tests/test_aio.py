@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connections
 
 from django_tasklock import TaskLockService, arun_exclusive
 from django_tasklock.backends.memory import MemoryBackend
@@ -160,3 +161,53 @@ def test_the_loop_is_never_blocked(networked: ContractBackend, key: str) -> None
     # machine's CPUs are busy elsewhere, never by much.
     assert late[-2] < 0.05, late[-5:]
     assert late[-1] < 0.2, late[-5:]
+
+
+def test_the_sync_api_inside_async_code_is_refused_alike_on_every_backend(
+    any_backend: ContractBackend, key: str
+) -> None:
+    # Without the guard: Django's generic SynchronousOnlyOperation on the
+    # database backend, and a lock that blocks the event loop on Redis.
+    from django.core.exceptions import SynchronousOnlyOperation
+
+    from django_tasklock.exceptions import SyncLockInAsyncContext, TaskLockError
+
+    service = TaskLockService(any_backend.backend)
+    ran: list[str] = []
+    errors: list[BaseException] = []
+
+    async def main() -> None:
+        for attempt in (
+            lambda: service.lock(key).__enter__(),
+            lambda: service.lock(key).acquire(),
+            lambda: service.run_exclusive(key, lambda: ran.append("fn")),
+        ):
+            with pytest.raises(SyncLockInAsyncContext) as info:
+                attempt()
+            errors.append(info.value)
+
+    asyncio.run(main())
+    assert ran == []
+    for error in errors:
+        assert isinstance(error, TaskLockError)
+        assert isinstance(error, SynchronousOnlyOperation)  # what Django users already catch
+        assert key in str(error)
+    assert "async with" in str(errors[0])
+    assert "arun_exclusive" in str(errors[2])
+    # Nothing was written: the key is free, and the sync API works outside the loop.
+    assert any_backend.backend.peek(key) is None
+    assert service.run_exclusive(key, lambda: "ran").result == "ran"
+
+
+def test_the_sync_api_in_a_worker_thread_of_async_code_works(any_backend: ContractBackend) -> None:
+    # What Django does with a sync view under ASGI: no event loop in that thread.
+    service = TaskLockService(any_backend.backend)
+
+    async def main() -> str | None:
+        try:
+            result = await sync_to_async(service.run_exclusive)("in-a-thread", lambda: "ran")
+        finally:
+            await sync_to_async(connections.close_all, thread_sensitive=True)()
+        return result.result
+
+    assert asyncio.run(main()) == "ran"

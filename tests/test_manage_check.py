@@ -83,23 +83,24 @@ def check(tmp_path: Path, extra_settings: str, blocked: tuple[str, ...] = ()) ->
 
 
 REDIS_URL = 'TASKLOCK_BACKEND = "redis"\nTASKLOCK_REDIS_URL = "redis://x:1/0"'
-QUOTED_INSTALL = "pip install 'django-tasklock[redis]'"
+INSTALL_REDIS = "pip install redis"
+INSTALL_DJANGO_REDIS = "pip install django-redis"
 
 
 @pytest.mark.parametrize(
     ("extra_settings", "blocked", "error_ids", "hint"),
     [
         ('TASKLOCK_BACKEND = "nosuch"', (), {"E001"}, "Set TASKLOCK_BACKEND"),
-        (REDIS_URL, ("redis",), {"E002"}, QUOTED_INSTALL),
+        (REDIS_URL, ("redis",), {"E002"}, INSTALL_REDIS),
         # (With a django-redis cache in CACHES, Django's own cache check fails
         # first when django-redis is missing: no CACHES entry here.)
         (
             'TASKLOCK_BACKEND = "redis"',
             ("redis", "django_redis"),
             {"E002", "E004"},
-            QUOTED_INSTALL,
+            INSTALL_REDIS,
         ),
-        ('TASKLOCK_BACKEND = "redis"', ("django_redis",), {"E002", "E004"}, QUOTED_INSTALL),
+        ('TASKLOCK_BACKEND = "redis"', ("django_redis",), {"E002", "E004"}, INSTALL_DJANGO_REDIS),
         (
             'TASKLOCK_BACKEND = "redis"\nTASKLOCK_REDIS_CACHE = "absent"',
             (),
@@ -110,6 +111,12 @@ QUOTED_INSTALL = "pip install 'django-tasklock[redis]'"
         ('TASKLOCK_DATABASE = "nope"', (), {"E006"}, "Use one of: default"),
         ('TASKLOCK_DEFAULTS = {"ttl": -1}', (), {"E007"}, "TASKLOCK_DEFAULTS takes"),
         ('TASKLOCK_BACKEND = "postgres"', (), {"E008"}, 'TASKLOCK_BACKEND = "database"'),
+        (
+            'TASKLOCK_BACKEND = "redis"\nTASKLOCK_REDIS_URL = "127.0.0.1:6379"',
+            (),
+            {"E009"},
+            "redis+sentinel://",
+        ),
     ],
     ids=[
         "E001",
@@ -121,6 +128,7 @@ QUOTED_INSTALL = "pip install 'django-tasklock[redis]'"
         "E006",
         "E007",
         "E008",
+        "E009",
     ],
 )
 def test_manage_py_check_reports(
@@ -135,6 +143,7 @@ def test_manage_py_check_reports(
     assert reported == error_ids, output
     assert "HINT" in output
     assert hint in output
+    assert "[redis]" not in output  # the unpublished extra, or a path into a clone
 
 
 def test_redis_without_the_extra_is_e002_not_e001(tmp_path: Path) -> None:

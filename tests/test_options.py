@@ -82,6 +82,97 @@ def test_coroutine_function_in_the_sync_api_names_the_async_twin(fn: Any) -> Non
     assert backend.list() == []
 
 
+async def _returned() -> str:
+    return "never run under the lock"
+
+
+def _assert_closed_without_warning(run: Any, match: str = "arun_exclusive") -> None:
+    """``run()`` raises a TypeError naming the async twin; the coroutine is closed quietly."""
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(TypeError, match=match) as info:
+            run()
+        del info
+        gc.collect()
+    assert [str(w.message) for w in caught] == []
+
+
+def test_a_plain_function_returning_a_coroutine_is_refused_and_the_lock_released() -> None:
+    backend = MemoryBackend()
+    service = TaskLockService(backend)
+    held: list[object] = []
+
+    def returns_a_coroutine() -> Any:
+        held.append(backend.peek("k"))
+        return _returned()
+
+    _assert_closed_without_warning(lambda: service.run_exclusive("k", returns_a_coroutine))
+    _assert_closed_without_warning(lambda: service.run_exclusive("k", lambda: _returned()))
+    assert held[0] is not None  # it ran under the lock...
+    assert backend.list() == []  # ...which is released
+
+
+def test_an_on_locked_returning_a_coroutine_is_refused_in_the_sync_api() -> None:
+    from django_tasklock.lease import new_token
+
+    backend = MemoryBackend()
+    assert backend.acquire("k", new_token(), ttl=timedelta(seconds=30), max_lifetime=timedelta(1))
+    service = TaskLockService(backend)
+    _assert_closed_without_warning(
+        lambda: service.run_exclusive("k", lambda: None, on_locked=lambda: _returned())
+    )
+
+
+def test_a_decorated_plain_function_returning_a_coroutine_is_refused() -> None:
+    from django_tasklock import exclusive
+
+    backend = MemoryBackend()
+
+    @exclusive("k", service=TaskLockService(backend))
+    def job() -> Any:
+        return _returned()
+
+    _assert_closed_without_warning(job, match=r"job returned a coroutine.*async def")
+    assert backend.list() == []
+
+
+@pytest.mark.parametrize(
+    ("options", "defaults"),
+    [
+        ({"ttl": 120, "max_lifetime": 60}, {}),
+        ({"ttl": timedelta(minutes=2), "max_lifetime": timedelta(minutes=1)}, {}),
+        ({"ttl": 120}, {"max_lifetime": 60}),
+    ],
+)
+def test_a_ttl_longer_than_max_lifetime_is_a_value_error_naming_both(
+    options: dict[str, Any], defaults: dict[str, Any]
+) -> None:
+    backend = MemoryBackend()
+    ran: list[int] = []
+    with override_settings(TASKLOCK_DEFAULTS=defaults):
+        with pytest.raises(ValueError, match=r"ttl .*max_lifetime") as info:
+            TaskLockService(backend).run_exclusive("k", lambda: ran.append(1), **options)
+        with pytest.raises(ValueError, match=r"ttl .*max_lifetime"):
+            TaskLockService(backend).lock("k", **options)
+    if defaults:
+        assert "TASKLOCK_DEFAULTS" in str(info.value)
+    assert ran == []
+    assert backend.list() == []
+
+
+def test_a_ttl_a_call_did_not_choose_gives_way_to_a_shorter_max_lifetime() -> None:
+    # The built-in ttl (15 minutes), or the project's: as today, the lease is
+    # capped at max_lifetime; only a ttl and a max_lifetime both chosen conflict.
+    assert LockOptions.resolve(max_lifetime=60).max_lifetime == timedelta(seconds=60)
+    with override_settings(TASKLOCK_DEFAULTS={"ttl": 120}):
+        assert LockOptions.resolve(max_lifetime=60).ttl == timedelta(seconds=120)
+    with override_settings(TASKLOCK_DEFAULTS={"max_lifetime": 60}):
+        assert check_tasklock_settings() == []
+
+
 BAD_DEFAULTS: list[Any] = [
     {"ttl": -1},
     {"ttl": 1e-7},
@@ -94,6 +185,7 @@ BAD_DEFAULTS: list[Any] = [
     {"refresh_interval": timedelta(minutes=15)},  # not shorter than the built-in ttl
     {"max_lifetime": 10**6},
     {"max_lifetime": 1e-7},
+    {"ttl": 120, "max_lifetime": 60},
     {"tll": 5},
     {5: 5, "ttl": 60},
     ["ttl"],

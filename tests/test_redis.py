@@ -24,6 +24,7 @@ import django_tasklock
 from django_tasklock.backends import get_backend, reset_backend
 from django_tasklock.backends.base import KEY_PREFIX, storage_key
 from django_tasklock.backends.redis import RedisBackend
+from django_tasklock.checks import check_tasklock_settings
 from django_tasklock.service import TaskLockService, new_token
 from django_tasklock.testing.support import wait_until
 from tests.conftest import require_service
@@ -190,6 +191,33 @@ def test_environment_variable_chooses_the_backend_when_the_setting_is_absent(
     assert isinstance(result.result, int)
     assert 0 < result.result <= 5000
     assert raw.exists(storage_key(key)) == 0
+
+
+def test_both_environment_variables_switch_to_redis_with_no_setting(
+    settings: Any, monkeypatch: pytest.MonkeyPatch, raw: redis.Redis, key: str
+) -> None:
+    # What the README's Try-it suggests for any project: no CACHES entry, no setting.
+    monkeypatch.setenv("TASKLOCK_BACKEND", "redis")
+    monkeypatch.setenv("TASKLOCK_REDIS_URL", _url())
+    del settings.TASKLOCK_BACKEND
+    settings.TASKLOCK_REDIS_CACHE = "absent"
+    reset_backend()  # deleting a setting sends no setting_changed
+    assert not hasattr(django_settings, "TASKLOCK_REDIS_URL")
+    assert check_tasklock_settings() == []
+    result = django_tasklock.run_exclusive(key, lambda: raw.exists(storage_key(key)), ttl=5)
+    assert (result.acquired, result.result) == (True, 1)
+
+
+def test_the_setting_wins_over_the_environment_url(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TASKLOCK_REDIS_URL", "redis://127.0.0.1:1/0")
+    settings.TASKLOCK_REDIS_URL = _url()
+    assert RedisBackend.from_settings()._url == _url()
+    monkeypatch.setenv("TASKLOCK_REDIS_URL", "127.0.0.1:6379")
+    del settings.TASKLOCK_REDIS_URL
+    with override_settings(TASKLOCK_BACKEND="redis"):
+        assert [m.id for m in check_tasklock_settings()] == ["django_tasklock.E009"]
 
 
 def test_exactly_one_connection_source_and_no_connection_before_use() -> None:

@@ -108,3 +108,25 @@ def test_a_malformed_sentinel_url_says_how_it_reads(url: str) -> None:
 
     with pytest.raises(ImproperlyConfigured, match="TASKLOCK_REDIS_URL"):
         client_from_url(url)
+
+
+def test_a_sentinel_url_authenticates_as_its_acl_user(sentinel: PrivateSentinel, key: str) -> None:
+    master: Any = redis.Redis(port=sentinel.master.port)
+    master.execute_command("ACL", "SETUSER", "tasklock", "on", ">s3cret", "~*", "+@all")
+    url = f"redis+sentinel://tasklock:s3cret@127.0.0.1:{sentinel.port}/{sentinel.service}/0"
+    backend = RedisBackend(url=url)
+    assert TaskLockService(backend).run_exclusive(key, lambda: "ran").result == "ran"
+    assert backend._conn().acl_whoami() == "tasklock"
+
+
+def test_a_sentinel_url_honours_its_query_options(sentinel: PrivateSentinel) -> None:
+    from django_tasklock.backends.redis.urls import client_from_url
+
+    client: Any = client_from_url(sentinel.url + "?socket_timeout=1&client_name=tl-sentinel")
+    assert client.client_getname() == "tl-sentinel"
+    assert client.connection_pool.connection_kwargs["socket_timeout"] == 1.0
+    asked = client.connection_pool.sentinel_manager.sentinels[0]
+    assert asked.connection_pool.connection_kwargs["socket_timeout"] == 1.0
+    # These servers speak no TLS: a client that honours ?ssl=true cannot talk to them.
+    with pytest.raises(redis.ConnectionError):
+        client_from_url(sentinel.url + "?ssl=true").ping()

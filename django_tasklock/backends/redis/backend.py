@@ -37,9 +37,9 @@ from django_tasklock.backends.base import (
     storage_key,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
-from django_tasklock.backends.redis.checks import INSTALL_HINT, check_redis
+from django_tasklock.backends.redis.checks import check_redis
 from django_tasklock.backends.redis.scripts import FENCE_PREFIX, PRELUDE, SCRIPTS
-from django_tasklock.backends.redis.urls import client_from_url
+from django_tasklock.backends.redis.urls import RedisURLError, client_from_url, parse_url
 
 if TYPE_CHECKING:
     # redis-py is imported when a connection is made, never at import: without
@@ -68,7 +68,9 @@ class RedisBackend(BaseBackend):
 
     Give exactly one source: a ``redis.Redis`` ``client``, a ``url``, or the
     ``cache_alias`` of a django-redis cache. The connection is made on first
-    use, never at construction or import. Connection errors propagate.
+    use, never at construction or import. Connection errors propagate. A
+    ``url`` that does not read is a ``ValueError`` naming ``url`` here (from
+    the settings: ``ImproperlyConfigured`` naming ``TASKLOCK_REDIS_URL``).
     """
 
     def __init__(
@@ -80,6 +82,11 @@ class RedisBackend(BaseBackend):
     ) -> None:
         if sum(source is not None for source in (client, url, cache_alias)) != 1:
             raise TypeError("RedisBackend takes exactly one of client, url and cache_alias")
+        if url is not None:
+            try:
+                parse_url(url, "url")
+            except RedisURLError as exc:
+                raise ValueError(str(exc)) from None
         self._client = client
         self._url = url
         self._cache_alias = cache_alias
@@ -92,6 +99,7 @@ class RedisBackend(BaseBackend):
         from django_tasklock.conf import conf
 
         if conf.REDIS_URL:
+            parse_url(conf.REDIS_URL)  # ImproperlyConfigured naming the setting
             return cls(url=conf.REDIS_URL)
         return cls(cache_alias=conf.REDIS_CACHE)
 
@@ -120,7 +128,7 @@ class RedisBackend(BaseBackend):
             import redis  # noqa: F401 - the check that redis-py is installed
         except ImportError as exc:
             raise ImproperlyConfigured(
-                f"The Redis lock backend needs redis-py: {INSTALL_HINT}."
+                "The Redis lock backend needs redis-py: pip install redis."
             ) from exc
         if self._url is not None:
             return client_from_url(self._url)
@@ -128,8 +136,8 @@ class RedisBackend(BaseBackend):
             from django_redis import get_redis_connection
         except ImportError as exc:
             raise ImproperlyConfigured(
-                f"TASKLOCK_REDIS_CACHE needs django-redis: {INSTALL_HINT} "
-                "(or set TASKLOCK_REDIS_URL)."
+                "TASKLOCK_REDIS_CACHE needs django-redis: pip install django-redis "
+                "(or set TASKLOCK_REDIS_URL, which needs only redis)."
             ) from exc
         try:
             connection: redis.Redis = get_redis_connection(self._cache_alias, write=True)

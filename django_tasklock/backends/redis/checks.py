@@ -1,4 +1,4 @@
-"""The Redis backend's system checks: a missing extra, a cache that is not Redis.
+"""The Redis backend's system checks: a missing package, a bad URL, a cache that is not Redis.
 
 Read from settings and installed packages only: nothing connects to Redis.
 """
@@ -10,29 +10,44 @@ import importlib
 from django.conf import settings
 from django.core import checks
 
+from django_tasklock.backends.redis.urls import FORMS, RedisURLError, parse_url
 from django_tasklock.conf import conf
 
-#: How to get redis-py and django-redis, for messages: quoted for zsh.
-INSTALL_HINT = "pip install 'django-tasklock[redis]' (from a checkout: pip install '.[redis]')"
+#: The PyPI names of what the Redis backend imports: these install from anywhere.
+PACKAGES = {"redis": "redis", "django_redis": "django-redis"}
 
 
 def check_redis() -> list[checks.CheckMessage]:
-    """E002: redis-py (or, without a URL, django-redis) is missing; E003-E004: the cache."""
-    needed = {"redis": "redis-py"}
-    if not conf.REDIS_URL:
-        needed["django_redis"] = "django-redis"
-    missing = [package for module, package in needed.items() if not _importable(module)]
+    """E002: redis-py (or, without a URL, django-redis) is missing; E009: the URL.
+
+    E003-E004: the cache, when no URL is set.
+    """
+    needed = ["redis"] if conf.REDIS_URL else ["redis", "django_redis"]
+    missing = [PACKAGES[module] for module in needed if not _importable(module)]
     errors: list[checks.CheckMessage] = []
     if missing:
+        shown = " and ".join("redis-py" if name == "redis" else name for name in missing)
         errors.append(
             checks.Error(
-                f"The Redis lock backend needs {' and '.join(missing)}, which cannot be "
-                "imported: the [redis] extra is not installed.",
-                hint=f"Install the [redis] extra: {INSTALL_HINT}.",
+                f"The Redis lock backend needs {shown}, which cannot be imported.",
+                hint=f"pip install {' '.join(missing)} (django-redis lets the lock share a "
+                "django-redis cache's connection pool, TASKLOCK_REDIS_CACHE; with "
+                "TASKLOCK_REDIS_URL, redis alone is enough).",
                 id="django_tasklock.E002",
             )
         )
     if conf.REDIS_URL:
+        try:
+            # The same reading as at first use, so check and first use agree.
+            parse_url(conf.REDIS_URL)
+        except RedisURLError as exc:
+            errors.append(
+                checks.Error(
+                    f"{exc.setting}: {exc.problem}.",
+                    hint=f"Give TASKLOCK_REDIS_URL one of the forms {FORMS}.",
+                    id="django_tasklock.E009",
+                )
+            )
         return errors
     alias = conf.REDIS_CACHE
     cache = settings.CACHES.get(alias)

@@ -1,56 +1,245 @@
 """Redis clients from ``TASKLOCK_REDIS_URL``: a plain Redis URL, or Sentinel.
 
-``redis://``, ``rediss://`` and ``unix://`` URLs go to redis-py's ``from_url``.
-``redis+sentinel://[:password@]host:port[,host:port...]/service_name[/db]``
+:func:`parse_url` reads every form the setting takes and is the one judge of
+a URL, for ``manage.py check`` (E009) and for first use alike; it needs no
+redis-py and connects to nothing. :func:`client_from_url` makes the client.
+
+``redis+sentinel://[[username]:password@]host:port[,host:port...]/service_name[/db]``
 asks those sentinels for the master of ``service_name`` and follows it across
-failovers (redis-py's ``Sentinel.master_for``). Either way the client gets
-socket timeouts, so that a Redis that stops answering cannot stall the
-heartbeat for ever; options in a plain URL's query string win over them.
+failovers (redis-py's ``Sentinel.master_for``); the username and password are
+the master's. Every client gets 10 s socket timeouts, so that a Redis that
+stops answering cannot stall the heartbeat for ever; the query string's
+options win over them. A query option is honoured or the URL is rejected,
+never silently ignored.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlsplit
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
 if TYPE_CHECKING:
     import redis
 
+SETTING = "TASKLOCK_REDIS_URL"
 SENTINEL_SCHEME = "redis+sentinel"
+SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
 TIMEOUT_S = 10
+#: The accepted forms, for messages and the check's hint.
+FORMS = (
+    "redis://[[username]:password@]host[:port][/db], rediss://... (TLS), "
+    "unix://[[username]:password@]/path/to/socket[?db=N] or "
+    f"{SENTINEL_SCHEME}://[[username]:password@]host:port[,host:port...]/service_name[/db]"
+)
+
+_DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() is True for "²", which int() rejects
 
 
-def client_from_url(url: str) -> redis.Redis:
+def _bool(value: str) -> bool:
+    lowered = value.lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError("true or false")
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError("a number of seconds above 0")
+    return seconds
+
+
+def _count(value: str) -> int:
+    if not _DIGITS.fullmatch(value):
+        raise ValueError("a whole number")
+    return int(value)
+
+
+def _cert_reqs(value: str) -> str:
+    if value not in ("none", "optional", "required"):
+        raise ValueError("none, optional or required")
+    return value
+
+
+def _text(value: str) -> str:
+    if not value:
+        raise ValueError("not empty")
+    return value
+
+
+#: The query options a URL may carry; each is a redis-py client argument.
+OPTIONS: dict[str, Callable[[str], Any]] = {
+    "db": _count,
+    "socket_timeout": _seconds,
+    "socket_connect_timeout": _seconds,
+    "socket_keepalive": _bool,
+    "health_check_interval": _count,
+    "max_connections": _count,
+    "client_name": _text,
+    "ssl": _bool,
+    "ssl_cert_reqs": _cert_reqs,
+    "ssl_ca_certs": _text,
+    "ssl_certfile": _text,
+    "ssl_keyfile": _text,
+    "ssl_check_hostname": _bool,
+}
+#: What a Sentinel URL gives the sentinels as well as the master: how to reach a server.
+SENTINEL_SHARED = frozenset(name for name in OPTIONS if name.startswith(("socket_", "ssl")))
+
+
+class RedisURLError(ImproperlyConfigured):
+    """A ``TASKLOCK_REDIS_URL`` that does not read; ``problem`` says why, without the forms."""
+
+    def __init__(self, setting: str, problem: str) -> None:
+        super().__init__(f"{setting}: {problem}. It takes {FORMS}.")
+        self.setting = setting
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class RedisURL:
+    """A parsed ``TASKLOCK_REDIS_URL``; ``hosts`` are the sentinels for Sentinel."""
+
+    scheme: str
+    hosts: tuple[tuple[str, int], ...] = ()
+    socket_path: str = ""
+    service: str = ""
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_url(url: object, setting: str = SETTING) -> RedisURL:
+    """Read a Redis URL, or raise :class:`RedisURLError` naming ``setting`` and the fault.
+
+    The message never repeats the password.
+    """
+
+    def bad(problem: str) -> RedisURLError:
+        return RedisURLError(setting, problem)
+
+    if not isinstance(url, str):
+        raise bad(f"expected a string, got {type(url).__name__}")
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower() if "://" in url else ""
+    if scheme not in SCHEMES:
+        shown = f"{scheme}://" if scheme else "no scheme"
+        raise bad(f"{shown} is not a Redis URL scheme")
+    userinfo, _, location = parts.netloc.rpartition("@")
+    username, password = _credentials(userinfo)
+    options = _options(parts.query, bad)
+    path = [unquote(piece) for piece in parts.path.split("/") if piece]
+    if scheme == "unix":
+        if location or not path:
+            raise bad("a unix:// URL names a socket path, as unix:///path/to/socket")
+        if any(name.startswith("ssl") for name in options):
+            raise bad("a unix socket takes no ssl options")
+        return RedisURL(
+            scheme,
+            socket_path="/" + "/".join(path),
+            db=options.pop("db", 0),
+            username=username,
+            password=password,
+            options=options,
+        )
+    items = location.split(",")
+    if scheme != SENTINEL_SCHEME and len(items) > 1:
+        raise bad(f"{scheme}:// names one server; several are for {SENTINEL_SCHEME}://")
+    hosts = tuple(_host_port(item, scheme != SENTINEL_SCHEME, bad) for item in items)
+    service = ""
+    if scheme == SENTINEL_SCHEME:
+        if not path:
+            raise bad(f"a {SENTINEL_SCHEME}:// URL names the service after the sentinels")
+        service, path = path[0], path[1:]
+    if len(path) > 1 or (path and not _DIGITS.fullmatch(path[0])):
+        raise bad(f"the database {'/'.join(path)!r} is not a whole number")
+    if path and "db" in options:
+        raise bad("the database is given twice, in the path and as ?db=")
+    db = int(path[0]) if path else options.pop("db", 0)
+    if scheme == "rediss" and options.get("ssl") is False:
+        raise bad("rediss:// is TLS: ?ssl=false contradicts it")
+    return RedisURL(scheme, hosts, "", service, db, username, password, options)
+
+
+def _credentials(userinfo: str) -> tuple[str | None, str | None]:
+    if not userinfo:
+        return None, None
+    username, colon, password = userinfo.partition(":")
+    return unquote(username) or None, unquote(password) if colon else None
+
+
+def _host_port(
+    item: str, port_optional: bool, bad: Callable[[str], RedisURLError]
+) -> tuple[str, int]:
+    if item.startswith("["):  # an IPv6 address, [::1]:6379
+        host, _, rest = item[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            raise bad(f"{item!r} is not host:port")
+        port = rest[1:] if rest else None
+    else:
+        host, colon, port_text = item.rpartition(":")
+        host, port = (host, port_text) if colon else (item, None)
+    if not host:
+        raise bad(f"{item!r} names no host" if item else "the URL names no host")
+    if port is None:
+        if port_optional:
+            return host, 6379
+        raise bad(f"{item!r} names no port (a sentinel's is usually 26379)")
+    if not _DIGITS.fullmatch(port) or not 1 <= int(port) <= 65535:
+        raise bad(f"the port {port!r} of {host!r} is not a number from 1 to 65535")
+    return host, int(port)
+
+
+def _options(query: str, bad: Callable[[str], RedisURLError]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in OPTIONS:
+            raise bad(f"the option {name!r} is not one it takes ({', '.join(OPTIONS)})")
+        if name in options:
+            raise bad(f"the option {name!r} is given twice")
+        try:
+            options[name] = OPTIONS[name](value)
+        except ValueError as exc:
+            raise bad(f"the option {name}={value!r} is not {exc}") from None
+    return options
+
+
+def client_from_url(url: str, setting: str = SETTING) -> redis.Redis:
+    """A redis-py client for ``url`` (see :func:`parse_url`); connects on first command."""
     import redis
 
-    if not url.startswith(SENTINEL_SCHEME + "://"):
-        return redis.Redis.from_url(
-            url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S
-        )
+    parsed = parse_url(url, setting)
+    options: dict[str, Any] = {"socket_timeout": TIMEOUT_S, "socket_connect_timeout": TIMEOUT_S}
+    options.update(parsed.options)
+    auth: dict[str, Any] = {
+        "db": parsed.db,
+        "username": parsed.username,
+        "password": parsed.password,
+    }
+    if parsed.scheme == "unix":
+        return redis.Redis(unix_socket_path=parsed.socket_path, **auth, **options)
+    if parsed.scheme != SENTINEL_SCHEME:
+        if parsed.scheme == "rediss":
+            options["ssl"] = True
+        (host, port), *_ = parsed.hosts
+        return redis.Redis(host, port, **auth, **options)
     from redis.sentinel import Sentinel
 
-    parts = urlsplit(url)
-    hosts = [_host_port(item) for item in parts.netloc.rpartition("@")[2].split(",") if item]
-    path = [unquote(piece) for piece in parts.path.split("/") if piece]
-    if not hosts or not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
-        raise ImproperlyConfigured(
-            f"TASKLOCK_REDIS_URL {SENTINEL_SCHEME}:// URLs read "
-            f"'{SENTINEL_SCHEME}://[:password@]host:port[,host:port]/service_name[/db]'."
-        )
-    timeouts = {"socket_timeout": TIMEOUT_S, "socket_connect_timeout": TIMEOUT_S}
-    sentinel = Sentinel(hosts, sentinel_kwargs=timeouts, **timeouts)  # type: ignore[no-untyped-call]
-    password = unquote(parts.password) if parts.password else None
-    db = int(path[1]) if len(path) == 2 else 0
+    shared = {name: value for name, value in options.items() if name in SENTINEL_SHARED}
+    sentinel = Sentinel(list(parsed.hosts), sentinel_kwargs=shared)  # type: ignore[no-untyped-call]
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-        path[0], db=db, password=password
+        parsed.service, **auth, **options
     )
     return client
-
-
-def _host_port(item: str) -> tuple[str, int]:
-    host, _, port = item.rpartition(":")
-    if not host or not port.isdigit():
-        raise ImproperlyConfigured(f"TASKLOCK_REDIS_URL: {item!r} is not host:port")
-    return host.strip("[]"), int(port)
