@@ -10,7 +10,10 @@ Who may do what:
 - viewing: staff with ``django_tasklock.view_cacheentry`` or
   ``django_tasklock.force_release`` (superusers have both);
 - force release: ``django_tasklock.force_release`` only, after a confirmation
-  page, by POST with a CSRF token; anything else is a 403. Each release is
+  page, by POST with a CSRF token; anything else is a 403. The link and the
+  form carry the name of the lease shown (:attr:`HeldLock.lease`, a digest of
+  its token), and only that lease is released: if the key changed hands
+  meanwhile, the page says who holds it now and releases nothing. Each release is
   written to the admin's log (``LogEntry``, action "deletion", content type
   ``CacheEntry``, ``object_repr`` the caller's key, ``object_id`` the stored
   key), so it appears in "Recent actions".
@@ -49,6 +52,7 @@ def _row(lock: HeldLock) -> dict[str, Any]:
         "expires_at": display.when(lock.expires_at),
         "time_left": display.time_left(lock.seconds_left),
         "fence": display.fence(lock),
+        "lease": lock.lease,
     }
 
 
@@ -118,39 +122,59 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return TemplateResponse(request, self.list_template, context)
 
     def release_view(self, request: HttpRequest) -> HttpResponse:
-        """GET: ask to confirm releasing ``?key=``. POST: release it, log it, go back."""
+        """GET: ask to confirm releasing the lease ``?lease=`` of ``?key=``. POST: release it.
+
+        What is confirmed is released, and nothing else: the POST names the
+        lease the confirmation page showed, so a key that changed hands in
+        between keeps its new holder.
+        """
         if not self.has_force_release_permission(request):
             raise PermissionDenied
         if request.method not in {"GET", "POST"}:
             return HttpResponseNotAllowed(["GET", "POST"])
         data = request.POST if request.method == "POST" else request.GET
         back = HttpResponseRedirect(reverse(f"{self.admin_site.name}:{self._url_name}"))
+        lease = data.get("lease", "")
         try:
             key = validate_key(data.get("key", ""))
+            if request.method == "POST" and not lease:
+                raise ValueError("the form named no lease; reload the page")
         except ValueError as exc:
             messages.error(request, f"Cannot release: {exc}.")
             return back
         try:
             backend = TaskLockService().backend
-            held = backend.peek(key)
-            released = held is not None and request.method == "POST" and backend.force_release(key)
+            if request.method == "POST":
+                ended = backend.force_release(key, lease=lease)
+                shown = None if ended is not None else backend.peek(key)
+            else:
+                ended, shown = None, backend.peek(key)
         except Exception as exc:
             logger.warning("Force release from the admin failed.", exc_info=True)
             messages.error(request, f"The lock backend failed: {type(exc).__name__}: {exc}")
             return back
-        if released and held is not None:
-            self._log_release(request, held)
-            messages.success(request, f"Released {key!r} (was held by {held.holder}).")
+        if ended is not None:
+            self._log_release(request, ended)
+            messages.success(
+                request, f"Released {key!r} (was held by {ended.holder}, lease {ended.lease})."
+            )
             return back
-        if held is None or request.method == "POST":
+        if shown is None:
             messages.warning(request, f"{key!r} is not held (any more): nothing to release.")
+            return back
+        if lease and shown.lease != lease:
+            messages.warning(
+                request,
+                f"{key!r} changed hands since the page was shown: it is held now by "
+                f"{display.lease(shown)}. Nothing was released.",
+            )
             return back
         context = {
             **self.admin_site.each_context(request),
             "title": "Force-release a task lock?",
             "subtitle": None,
             "opts": self.opts,
-            "lock": _row(held),
+            "lock": _row(shown),
         }
         return TemplateResponse(request, self.release_template, context)
 
@@ -170,7 +194,9 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             object_id=storage_key(held.key),
             object_repr=held.key[:200],
             action_flag=DELETION,
-            change_message=f"Force-released the task lock held by {held.holder}.",
+            change_message=(
+                f"Force-released the task lock held by {held.holder} (lease {held.lease})."
+            ),
         )
         logger.warning(
             "Task lock %r held by %s was force-released by %s in the admin.",

@@ -45,6 +45,17 @@ def when(moment: datetime) -> str:
     return utc(moment).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def lease(lock: HeldLock) -> str:
+    """Which lease, for prompts and messages: holder, acquisition time and lease name.
+
+    Never the token: :attr:`HeldLock.lease` is a digest of it.
+    """
+    return (
+        f"{lock.holder} since {when(lock.acquired_at)} "
+        f"(lease {lock.lease}, {time_left(lock.seconds_left)} left)"
+    )
+
+
 def time_left(seconds: float) -> str:
     """``4.2 s`` under a minute, then ``14 min 58 s``, then ``2 h 03 min``."""
     if seconds < 60:
