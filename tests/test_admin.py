@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import html as htmllib
+import io
 import re
 from collections.abc import Iterator
 from datetime import timedelta
@@ -13,6 +14,7 @@ import pytest
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.auth.models import Permission, User
 from django.contrib.contenttypes.models import ContentType
+from django.core.management import call_command
 from django.test import Client, override_settings
 from django.urls import reverse
 
@@ -256,6 +258,27 @@ def test_the_admin_index_links_to_the_page(memory: BaseBackend, admin_client_: C
     assert "Task locks" in html
     assert f'href="{LIST_URL}"' in html
     assert reverse("admin:django_tasklock_cacheentry_changelist") == LIST_URL
+
+
+def test_the_admin_index_names_the_model_task_locks(
+    memory: BaseBackend, admin_client_: Client
+) -> None:
+    html = admin_client_.get("/admin/").content.decode()
+    row = re.search(r'<tr class="model-cacheentry[^"]*">.*?</th>', html, re.DOTALL)
+    assert row is not None
+    link = re.search(rf'<a href="{LIST_URL}"[^>]*>([^<]+)</a>', row.group(0))
+    assert link is not None
+    assert link.group(1) == "Task locks"
+    assert "Cache entries" not in html
+    # The permission codenames stay: groups and users keep what they were granted.
+    assert Permission.objects.filter(codename="force_release").exists()
+    assert Permission.objects.filter(codename="view_cacheentry").exists()
+
+
+def test_the_migrations_match_the_models() -> None:
+    out = io.StringIO()
+    call_command("makemigrations", "django_tasklock", "--check", "--dry-run", stdout=out)
+    assert "No changes detected" in out.getvalue()
 
 
 def test_no_adding_or_changing_rows(memory: BaseBackend, admin_client_: Client) -> None:
