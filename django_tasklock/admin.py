@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import django
 from django.contrib import admin, messages
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
@@ -31,6 +32,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.text import capfirst
 
 from django_tasklock import display
 from django_tasklock.backends.base import HeldLock, storage_key
@@ -41,6 +43,9 @@ from django_tasklock.service import TaskLockService
 logger = logging.getLogger("django_tasklock")
 
 FORCE_RELEASE_PERMISSION = "django_tasklock.force_release"
+#: Django 6.1's admin writes (and styles) breadcrumbs as ``<ol class="breadcrumbs">``
+#: of ``<li>``; before, as ``<div class="breadcrumbs">`` with ``&rsaquo;`` between.
+BREADCRUMBS_AS_LIST = django.VERSION >= (6, 1)
 
 
 def _row(lock: HeldLock) -> dict[str, Any]:
@@ -80,6 +85,20 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_force_release_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(FORCE_RELEASE_PERMISSION)
 
+    def breadcrumbs(self, *pages: tuple[str, str | None]) -> dict[str, Any]:
+        """Context for the breadcrumbs include: Home, the app, then ``pages``."""
+        app = self.opts.app_config
+        assert app is not None
+        crumbs = [
+            ("Home", reverse(f"{self.admin_site.name}:index")),
+            (
+                app.verbose_name,
+                reverse(f"{self.admin_site.name}:app_list", kwargs={"app_label": app.label}),
+            ),
+            *pages,
+        ]
+        return {"crumbs": crumbs, "breadcrumbs_as_list": BREADCRUMBS_AS_LIST}
+
     def get_urls(self) -> list[URLPattern]:
         name = f"{self.opts.app_label}_{self.opts.model_name}"
         wrap = self.admin_site.admin_view
@@ -117,6 +136,7 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "error": error,
             "show_fence": display.has_fences(locks),
             "can_release": self.has_force_release_permission(request),
+            **self.breadcrumbs((self._plural, None)),
             **(extra_context or {}),
         }
         return TemplateResponse(request, self.list_template, context)
@@ -175,8 +195,19 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "subtitle": None,
             "opts": self.opts,
             "lock": _row(shown),
+            **self.breadcrumbs(
+                (
+                    self._plural,
+                    reverse(f"{self.admin_site.name}:{self._url_name}"),
+                ),
+                ("Force release", None),
+            ),
         }
         return TemplateResponse(request, self.release_template, context)
+
+    @property
+    def _plural(self) -> str:
+        return str(capfirst(self.opts.verbose_name_plural))
 
     @property
     def _url_name(self) -> str:

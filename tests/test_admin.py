@@ -281,6 +281,19 @@ def test_the_migrations_match_the_models() -> None:
     assert "No changes detected" in out.getvalue()
 
 
+def test_breadcrumbs_use_the_admins_own_markup(
+    memory: BaseBackend, admin_client_: Client, key: str
+) -> None:
+    hold(memory, key)
+    own = admin_client_.get("/admin/auth/user/").content.decode()
+    tag = "ol" if '<ol class="breadcrumbs">' in own else "div"
+    assert f'<{tag} class="breadcrumbs">' in own
+    for page in (admin_client_.get(LIST_URL), admin_client_.get(RELEASE_URL, {"key": key})):
+        html = page.content.decode()
+        assert f'<{tag} class="breadcrumbs">' in html
+        assert '<a href="/admin/django_tasklock/">Task locks</a>' in html
+
+
 def test_no_adding_or_changing_rows(memory: BaseBackend, admin_client_: Client) -> None:
     html = admin_client_.get("/admin/").content.decode()
     assert "/admin/django_tasklock/cacheentry/add/" not in html

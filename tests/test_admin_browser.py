@@ -170,6 +170,7 @@ def test_force_release_another_process_lock_in_the_browser(
     browser.find_element(By.NAME, "username").send_keys("admin")
     browser.find_element(By.NAME, "password").send_keys("admin")
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    browser.find_element(By.ID, "user-tools")  # logged in
     browser.get(f"{live_server.url}/admin/auth/user/")  # one of Django's own pages
     own = breadcrumbs(browser)
     browser.get(f"{live_server.url}/admin/")
