@@ -129,6 +129,18 @@ def test_superuser_lists_searches_and_force_releases(
     assert "worker-7.example:4242" in entry.change_message
 
 
+def test_the_page_shows_how_long_each_lock_has_been_held(
+    active_backend: ContractBackend, key: str
+) -> None:
+    plant = active_backend.plant
+    assert plant is not None
+    plant(f"task-lock:{key}", TOKEN, timedelta(minutes=10), timedelta(minutes=5))
+    html = client_for(make_user("root", superuser=True)).get(LIST_URL).content.decode()
+    assert "<span>Held for</span>" in html
+    assert re.search(r'<td class="field-held">(9|10) min \d\d s</td>', html)
+    assert re.search(r'<td class="field-left">[45] min \d\d s</td>', html)
+
+
 def test_keys_are_escaped_everywhere(active_backend: ContractBackend, key: str) -> None:
     evil = f"{key}<script>alert(1)</script>"
     hold(active_backend.backend, evil)

@@ -149,7 +149,7 @@ def assert_fits(browser: Any) -> None:
     assert layout["toolbar"]["bottom"] <= layout["table"]["top"], layout
     assert abs(layout["toolbar"]["left"] - layout["table"]["left"]) < 2, layout
     outside = [name for name, right in layout["columns"] if right > layout["viewport"]]
-    assert not outside, f"columns outside the {layout['viewport']} px window: {outside}"
+    assert not outside, f"outside the {layout['viewport']} px window: {outside}: {layout}"
 
 
 @pytest.mark.django_db(transaction=True)

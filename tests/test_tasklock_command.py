@@ -52,7 +52,7 @@ def test_list_shows_key_holder_and_times(active_backend: ContractBackend, key: s
 
     lines = run("list", "--prefix", key).splitlines()
 
-    assert lines[0].split() == ["KEY", "HOST", "PID", "ACQUIRED", "EXPIRES", "LEFT"]
+    assert lines[0].split() == ["KEY", "HOST", "PID", "ACQUIRED", "EXPIRES", "HELD", "LEFT"]
     assert [line.split()[0] for line in lines[1:]] == [f"{key}:a", f"{key}:b"]
     assert lines[2].split()[1:3] == ["worker-7.example", "4242"]
     assert "UTC" in lines[2]
@@ -66,13 +66,43 @@ def test_list_json_is_stable(active_backend: ContractBackend, key: str) -> None:
 
     [row] = json.loads(run("list", "--json", "--prefix", key))
 
-    assert set(row) >= {"key", "host", "pid", "acquired_at", "expires_at", "seconds_left"}
+    assert set(row) >= {
+        "key",
+        "host",
+        "pid",
+        "acquired_at",
+        "expires_at",
+        "seconds_held",
+        "seconds_left",
+    }
     assert (row["key"], row["host"], row["pid"]) == (key, "worker-7.example", 4242)
     acquired = datetime.fromisoformat(row["acquired_at"])
     expires = datetime.fromisoformat(row["expires_at"])
     assert acquired.utcoffset() == expires.utcoffset() == timedelta(0)
     assert expires - acquired == pytest.approx(LONG, abs=timedelta(seconds=5))
     assert 0 < row["seconds_left"] <= LONG.total_seconds()
+
+
+def test_list_shows_how_long_each_lock_has_been_held(
+    active_backend: ContractBackend, key: str
+) -> None:
+    # Acquired 10 minutes ago by the storage's clock, 5 minutes left.
+    plant = active_backend.plant
+    assert plant is not None
+    plant(storage_key(key), new_token(), timedelta(minutes=10), timedelta(minutes=5))
+
+    [row] = json.loads(run("list", "--json", "--prefix", key))
+    lines = run("list", "--prefix", key).splitlines()
+
+    assert row["seconds_held"] == pytest.approx(600, abs=30)
+    assert row["seconds_left"] == pytest.approx(300, abs=30)
+    acquired = datetime.fromisoformat(row["acquired_at"])
+    expires = datetime.fromisoformat(row["expires_at"])
+    # held + left = the lease's whole span, all by the storage's clock
+    span = (expires - acquired).total_seconds()
+    assert row["seconds_held"] + row["seconds_left"] == pytest.approx(span, abs=0.01)
+    assert lines[0].split()[-2:] == ["HELD", "LEFT"]
+    assert re.search(r"\b(9|10) min \d\d s  +[45] min \d\d s$", lines[1]), lines[1]
 
 
 def test_list_when_nothing_is_held(active_backend: ContractBackend, key: str) -> None:

@@ -188,7 +188,7 @@ class Command(BaseCommand):
             raise CommandError(f"The lock backend failed: {type(exc).__name__}: {exc}") from exc
 
     def _table(self, locks: list[HeldLock]) -> str:
-        header = ["KEY", "HOST", "PID", "ACQUIRED", "EXPIRES", "LEFT"]
+        header = ["KEY", "HOST", "PID", "ACQUIRED", "EXPIRES", "HELD", "LEFT"]
         rows = [
             [
                 lock.key,
@@ -196,7 +196,8 @@ class Command(BaseCommand):
                 str(lock.holder.pid) if lock.holder.pid is not None else "?",
                 display.when(lock.acquired_at),
                 display.when(lock.expires_at),
-                display.time_left(lock.seconds_left),
+                display.duration(display.seconds_held(lock)),
+                display.duration(lock.seconds_left),
             ]
             for lock in locks
         ]
