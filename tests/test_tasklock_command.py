@@ -24,7 +24,7 @@ from django_tasklock.backends.base import BaseBackend, HeldLock, storage_key
 from django_tasklock.management.commands.tasklock import Command
 from django_tasklock.service import new_token
 from django_tasklock.testing import ContractBackend
-from tests.conftest import require_service
+from tests.conftest import require_service, runs_manage_py_check
 
 LONG = timedelta(minutes=5)
 LIFE = timedelta(hours=1)
@@ -442,6 +442,56 @@ def test_confirm_without_a_terminal_names_noinput() -> None:
     command.stdin = io.StringIO("y\n")
     with pytest.raises(CommandError, match="--noinput"):
         command.confirm("Sure?")
+
+
+# -- Django's common options, before or after the subcommand ----------------------
+
+
+@pytest.mark.parametrize(
+    "args", [("clearstale", "-v", "0"), ("clearstale", "--verbosity=0"), ("-v", "0", "clearstale")]
+)
+def test_verbosity_before_or_after_the_subcommand(args: tuple[str, ...]) -> None:
+    with override_settings(TASKLOCK_BACKEND="memory"):
+        assert run(*args) == ""
+
+
+@pytest.mark.parametrize("subcommand", [["list"], ["clearstale"], ["release", "k", "--noinput"]])
+def test_every_subcommand_takes_the_common_options(key: str, subcommand: list[str]) -> None:
+    parser = Command().create_parser("manage.py", "tasklock")
+    common = [
+        "-v",
+        "2",
+        "--settings",
+        "tests.settings",
+        "--pythonpath",
+        ".",
+        "--traceback",
+        "--no-color",
+        "--skip-checks",
+    ]
+    options = vars(parser.parse_args([*subcommand, *common]))
+    assert options["verbosity"] == 2
+    assert options["settings"] == "tests.settings"
+    assert options["pythonpath"] == "."
+    assert options["traceback"] is True
+    assert options["no_color"] is True
+    assert options["skip_checks"] is True
+    assert vars(parser.parse_args([*subcommand, "--force-color"]))["force_color"] is True
+    # Given before the subcommand, they are not reset by the subcommand's defaults.
+    before = vars(parser.parse_args(["-v", "3", "--traceback", *subcommand]))
+    assert (before["verbosity"], before["traceback"]) == (3, True)
+    assert vars(parser.parse_args(subcommand))["verbosity"] == 1
+
+
+@runs_manage_py_check
+def test_from_the_command_line_verbosity_after_the_subcommand(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with override_settings(TASKLOCK_BACKEND="memory"):
+        ManagementUtility(["manage.py", "tasklock", "clearstale", "-v", "2"]).execute()
+    out, err = capsys.readouterr()
+    assert "Backend: django_tasklock.backends.memory.MemoryBackend" in err
+    assert "Removed 0 stale lock entries." in out
 
 
 # -- mistakes ------------------------------------------------------------------------

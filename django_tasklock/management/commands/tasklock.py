@@ -35,6 +35,33 @@ def _expires_by_itself(backend: BaseBackend) -> bool:
     return module is not None and isinstance(backend, module.RedisBackend)
 
 
+def _common_options(parser: argparse.ArgumentParser) -> None:
+    """Django's common options, accepted after the subcommand too (``tasklock clearstale -v 0``).
+
+    Their default is ``SUPPRESS``: an option not given here leaves the value the
+    main parser gave it (from before the subcommand, or its default) alone.
+    """
+    parser.add_argument(
+        "-v",
+        "--verbosity",
+        type=int,
+        choices=[0, 1, 2, 3],
+        default=argparse.SUPPRESS,
+        help="0 = silent, 1 = normal output, 2 = also name the backend, 3 = as 2",
+    )
+    parser.add_argument("--settings", default=argparse.SUPPRESS, help="settings module to use")
+    parser.add_argument(
+        "--pythonpath", default=argparse.SUPPRESS, help="a directory to add to the Python path"
+    )
+    for flag, help_text in (
+        ("--traceback", "raise on CommandError exceptions"),
+        ("--no-color", "don't colorize the command output"),
+        ("--force-color", "force colorization of the command output"),
+        ("--skip-checks", "skip system checks"),
+    ):
+        parser.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=help_text)
+
+
 class Command(BaseCommand):
     help = "Inspect and operate the task locks of the configured backend (TASKLOCK_BACKEND)."
     #: ``call_command(..., stdin=...)``: where the confirmation is read (default: sys.stdin).
@@ -72,8 +99,9 @@ class Command(BaseCommand):
             help="do not ask: release whoever holds KEY now (and say who it was)",
         )
 
-        # Django 4.2's subparsers do not inherit it: errors would raise instead of printing usage.
         for subparser in (listing, clearing, release):
+            _common_options(subparser)
+            # Django 4.2's subparsers don't inherit it: errors would raise, not print usage.
             subparser.called_from_command_line = parser.called_from_command_line
 
     def handle(self, *args: Any, **options: Any) -> None:
