@@ -10,7 +10,10 @@ Who may do what:
 - viewing: staff with ``django_tasklock.view_cacheentry`` or
   ``django_tasklock.force_release`` (superusers have both);
 - force release: ``django_tasklock.force_release`` only, after a confirmation
-  page, by POST with a CSRF token; anything else is a 403. Each release is
+  page, by POST with a CSRF token; anything else is a 403. The link and the
+  form carry the name of the lease shown (:attr:`HeldLock.lease`, a digest of
+  its token), and only that lease is released: if the key changed hands
+  meanwhile, the page says who holds it now and releases nothing. Each release is
   written to the admin's log (``LogEntry``, action "deletion", content type
   ``CacheEntry``, ``object_repr`` the caller's key, ``object_id`` the stored
   key), so it appears in "Recent actions".
@@ -21,6 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import django
 from django.contrib import admin, messages
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
@@ -28,6 +32,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.text import capfirst
 
 from django_tasklock import display
 from django_tasklock.backends.base import HeldLock, storage_key
@@ -38,6 +43,9 @@ from django_tasklock.service import TaskLockService
 logger = logging.getLogger("django_tasklock")
 
 FORCE_RELEASE_PERMISSION = "django_tasklock.force_release"
+#: Django 6.1's admin writes (and styles) breadcrumbs as ``<ol class="breadcrumbs">``
+#: of ``<li>``; before, as ``<div class="breadcrumbs">`` with ``&rsaquo;`` between.
+BREADCRUMBS_AS_LIST = django.VERSION >= (6, 1)
 
 
 def _row(lock: HeldLock) -> dict[str, Any]:
@@ -45,10 +53,13 @@ def _row(lock: HeldLock) -> dict[str, Any]:
         "key": lock.key,
         "host": lock.holder.host,
         "pid": lock.holder.pid,
-        "acquired_at": display.when(lock.acquired_at),
-        "expires_at": display.when(lock.expires_at),
-        "time_left": display.time_left(lock.seconds_left),
+        # Without " UTC" (the headers say it), so that every column fits 1280 px.
+        "acquired_at": display.when(lock.acquired_at, zone=False),
+        "expires_at": display.when(lock.expires_at, zone=False),
+        "held_for": display.duration(display.seconds_held(lock)),
+        "time_left": display.duration(lock.seconds_left),
         "fence": display.fence(lock),
+        "lease": lock.lease,
     }
 
 
@@ -75,6 +86,20 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_force_release_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(FORCE_RELEASE_PERMISSION)
+
+    def breadcrumbs(self, *pages: tuple[str, str | None]) -> dict[str, Any]:
+        """Context for the breadcrumbs include: Home, the app, then ``pages``."""
+        app = self.opts.app_config
+        assert app is not None
+        crumbs = [
+            ("Home", reverse(f"{self.admin_site.name}:index")),
+            (
+                app.verbose_name,
+                reverse(f"{self.admin_site.name}:app_list", kwargs={"app_label": app.label}),
+            ),
+            *pages,
+        ]
+        return {"crumbs": crumbs, "breadcrumbs_as_list": BREADCRUMBS_AS_LIST}
 
     def get_urls(self) -> list[URLPattern]:
         name = f"{self.opts.app_label}_{self.opts.model_name}"
@@ -113,46 +138,78 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "error": error,
             "show_fence": display.has_fences(locks),
             "can_release": self.has_force_release_permission(request),
+            **self.breadcrumbs((self._plural, None)),
             **(extra_context or {}),
         }
         return TemplateResponse(request, self.list_template, context)
 
     def release_view(self, request: HttpRequest) -> HttpResponse:
-        """GET: ask to confirm releasing ``?key=``. POST: release it, log it, go back."""
+        """GET: ask to confirm releasing the lease ``?lease=`` of ``?key=``. POST: release it.
+
+        What is confirmed is released, and nothing else: the POST names the
+        lease the confirmation page showed, so a key that changed hands in
+        between keeps its new holder.
+        """
         if not self.has_force_release_permission(request):
             raise PermissionDenied
         if request.method not in {"GET", "POST"}:
             return HttpResponseNotAllowed(["GET", "POST"])
         data = request.POST if request.method == "POST" else request.GET
         back = HttpResponseRedirect(reverse(f"{self.admin_site.name}:{self._url_name}"))
+        lease = data.get("lease", "")
         try:
             key = validate_key(data.get("key", ""))
+            if request.method == "POST" and not lease:
+                raise ValueError("the form named no lease; reload the page")
         except ValueError as exc:
             messages.error(request, f"Cannot release: {exc}.")
             return back
         try:
             backend = TaskLockService().backend
-            held = backend.peek(key)
-            released = held is not None and request.method == "POST" and backend.force_release(key)
+            if request.method == "POST":
+                ended = backend.force_release(key, lease=lease)
+                shown = None if ended is not None else backend.peek(key)
+            else:
+                ended, shown = None, backend.peek(key)
         except Exception as exc:
             logger.warning("Force release from the admin failed.", exc_info=True)
             messages.error(request, f"The lock backend failed: {type(exc).__name__}: {exc}")
             return back
-        if released and held is not None:
-            self._log_release(request, held)
-            messages.success(request, f"Released {key!r} (was held by {held.holder}).")
+        if ended is not None:
+            self._log_release(request, ended)
+            messages.success(
+                request, f"Released {key!r} (was held by {ended.holder}, lease {ended.lease})."
+            )
             return back
-        if held is None or request.method == "POST":
+        if shown is None:
             messages.warning(request, f"{key!r} is not held (any more): nothing to release.")
+            return back
+        if lease and shown.lease != lease:
+            messages.warning(
+                request,
+                f"{key!r} changed hands since the page was shown: it is held now by "
+                f"{display.lease(shown)}. Nothing was released.",
+            )
             return back
         context = {
             **self.admin_site.each_context(request),
             "title": "Force-release a task lock?",
             "subtitle": None,
             "opts": self.opts,
-            "lock": _row(held),
+            "lock": _row(shown),
+            **self.breadcrumbs(
+                (
+                    self._plural,
+                    reverse(f"{self.admin_site.name}:{self._url_name}"),
+                ),
+                ("Force release", None),
+            ),
         }
         return TemplateResponse(request, self.release_template, context)
+
+    @property
+    def _plural(self) -> str:
+        return str(capfirst(self.opts.verbose_name_plural))
 
     @property
     def _url_name(self) -> str:
@@ -170,7 +227,9 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             object_id=storage_key(held.key),
             object_repr=held.key[:200],
             action_flag=DELETION,
-            change_message=f"Force-released the task lock held by {held.holder}.",
+            change_message=(
+                f"Force-released the task lock held by {held.holder} (lease {held.lease})."
+            ),
         )
         logger.warning(
             "Task lock %r held by %s was force-released by %s in the admin.",

@@ -20,8 +20,10 @@ class CacheEntry(models.Model):
 
     class Meta:
         db_table = "cache_entries"
-        verbose_name = "cache entry"
-        verbose_name_plural = "cache entries"
+        # What the admin shows of it: the held locks (its permission codenames,
+        # view_cacheentry and force_release, are those of the model, and stay).
+        verbose_name = "task lock"
+        verbose_name_plural = "task locks"
         permissions = [("force_release", "Can force-release task locks")]
 
     def __str__(self) -> str:

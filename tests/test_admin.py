@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import html as htmllib
+import io
 import re
 from collections.abc import Iterator
 from datetime import timedelta
@@ -12,6 +14,7 @@ import pytest
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.auth.models import Permission, User
 from django.contrib.contenttypes.models import ContentType
+from django.core.management import call_command
 from django.test import Client, override_settings
 from django.urls import reverse
 
@@ -56,6 +59,22 @@ def texts(response: Any) -> list[str]:
     return [str(message) for message in response.context["messages"]]
 
 
+def form_fields(response: Any) -> dict[str, str]:
+    """The hidden fields the confirmation page's form posts."""
+    found = re.findall(
+        r'<input type="hidden" name="([^"]+)" value="([^"]*)"', response.content.decode()
+    )
+    return {name: htmllib.unescape(value) for name, value in found}
+
+
+def release_link(response: Any, key: str) -> str:
+    """The "Force release" link of ``key``'s row on the list page."""
+    for href in re.findall(r'<a class="deletelink" href="([^"]+)"', response.content.decode()):
+        if f"key={key}" in htmllib.unescape(href):
+            return htmllib.unescape(href)
+    raise AssertionError(f"no release link for {key}")
+
+
 # -- on every backend ---------------------------------------------------------------
 
 
@@ -89,9 +108,15 @@ def test_superuser_lists_searches_and_force_releases(
     assert "SECRET-PART" not in confirm.content.decode()
     assert backend.peek(f"{key}:rollups") is not None  # GET changes nothing
 
-    done = client.post(RELEASE_URL, {"key": f"{key}:rollups"}, follow=True)
+    fields = form_fields(confirm)
+    shown = backend.peek(f"{key}:rollups")
+    assert shown is not None
+    assert fields["lease"] == shown.lease
+    done = client.post(RELEASE_URL, fields, follow=True)
     assert done.redirect_chain == [(LIST_URL, 302)]
-    assert texts(done) == [f"Released '{key}:rollups' (was held by worker-7.example:4242)."]
+    assert texts(done) == [
+        f"Released '{key}:rollups' (was held by worker-7.example:4242, lease {shown.lease})."
+    ]
     assert backend.peek(f"{key}:rollups") is None
     assert backend.peek(f"{key}:community-pr") is not None
 
@@ -104,16 +129,29 @@ def test_superuser_lists_searches_and_force_releases(
     assert "worker-7.example:4242" in entry.change_message
 
 
+def test_the_page_shows_how_long_each_lock_has_been_held(
+    active_backend: ContractBackend, key: str
+) -> None:
+    plant = active_backend.plant
+    assert plant is not None
+    plant(f"task-lock:{key}", TOKEN, timedelta(minutes=10), timedelta(minutes=5))
+    html = client_for(make_user("root", superuser=True)).get(LIST_URL).content.decode()
+    assert "<span>Held for</span>" in html
+    assert re.search(r'<td class="field-held">(9|10) min \d\d s</td>', html)
+    assert re.search(r'<td class="field-left">[45] min \d\d s</td>', html)
+
+
 def test_keys_are_escaped_everywhere(active_backend: ContractBackend, key: str) -> None:
     evil = f"{key}<script>alert(1)</script>"
     hold(active_backend.backend, evil)
     client = client_for(make_user("root", superuser=True))
     escaped = f"{key}&lt;script&gt;alert(1)&lt;/script&gt;"
 
+    confirm = client.get(RELEASE_URL, {"key": evil})
     for response in (
         client.get(LIST_URL),
-        client.get(RELEASE_URL, {"key": evil}),
-        client.post(RELEASE_URL, {"key": evil}, follow=True),
+        confirm,
+        client.post(RELEASE_URL, form_fields(confirm), follow=True),
     ):
         html = response.content.decode()
         assert "<script>alert(1)" not in html
@@ -134,6 +172,66 @@ def test_staff_without_the_permission_sees_the_list_only(
     assert client.get(RELEASE_URL, {"key": key}).status_code == 403
     assert client.post(RELEASE_URL, {"key": key}).status_code == 403
     assert active_backend.backend.peek(key) is not None
+    assert not LogEntry.objects.exists()
+
+
+def test_release_confirms_the_lease_shown_not_its_successor(
+    active_backend: ContractBackend, key: str
+) -> None:
+    # The page shows X; X finishes and Y takes the key; the operator confirms.
+    backend = active_backend.backend
+    hold(backend, key, "worker-x.example:1111:secret-x")
+    client = client_for(make_user("root", superuser=True))
+    confirm = client.get(RELEASE_URL, {"key": key})
+    assert "worker-x.example" in confirm.content.decode()
+    fields = form_fields(confirm)
+    assert "secret-x" not in confirm.content.decode()
+    assert backend.release(key, "worker-x.example:1111:secret-x")
+    hold(backend, key, "worker-y.example:2222:secret-y")
+
+    done = client.post(RELEASE_URL, fields, follow=True)
+
+    now = backend.peek(key)
+    assert now is not None
+    assert now.holder.host == "worker-y.example"  # Y still holds it
+    [message] = texts(done)
+    assert "changed hands" in message
+    assert "worker-y.example:2222" in message
+    assert "Nothing was released" in message
+    assert not LogEntry.objects.exists()
+
+
+def test_a_release_link_from_an_old_page_names_the_change(
+    active_backend: ContractBackend, key: str
+) -> None:
+    backend = active_backend.backend
+    hold(backend, key, "worker-x.example:1111:secret-x")
+    client = client_for(make_user("root", superuser=True))
+    link = release_link(client.get(LIST_URL), key)
+    assert backend.release(key, "worker-x.example:1111:secret-x")
+    hold(backend, key, "worker-y.example:2222:secret-y")
+
+    response = client.get(link, follow=True)
+
+    assert response.redirect_chain == [(LIST_URL, 302)]
+    [message] = texts(response)
+    assert "changed hands" in message
+    assert "worker-y.example:2222" in message
+    assert backend.peek(key) is not None
+
+
+def test_a_lease_that_ended_before_the_confirmation(
+    active_backend: ContractBackend, key: str
+) -> None:
+    backend = active_backend.backend
+    hold(backend, key)
+    client = client_for(make_user("root", superuser=True))
+    fields = form_fields(client.get(RELEASE_URL, {"key": key}))
+    assert backend.release(key, TOKEN)
+
+    done = client.post(RELEASE_URL, fields, follow=True)
+
+    assert texts(done) == [f"{key!r} is not held (any more): nothing to release."]
     assert not LogEntry.objects.exists()
 
 
@@ -162,7 +260,8 @@ def test_the_permission_alone_lets_staff_release(memory: BaseBackend, key: str) 
     hold(memory, key)
     client = client_for(make_user("operator", "force_release"))
     assert "Force release" in client.get(LIST_URL).content.decode()
-    assert client.post(RELEASE_URL, {"key": key}).status_code == 302
+    fields = form_fields(client.get(RELEASE_URL, {"key": key}))
+    assert client.post(RELEASE_URL, fields).status_code == 302
     assert memory.peek(key) is None
 
 
@@ -171,6 +270,40 @@ def test_the_admin_index_links_to_the_page(memory: BaseBackend, admin_client_: C
     assert "Task locks" in html
     assert f'href="{LIST_URL}"' in html
     assert reverse("admin:django_tasklock_cacheentry_changelist") == LIST_URL
+
+
+def test_the_admin_index_names_the_model_task_locks(
+    memory: BaseBackend, admin_client_: Client
+) -> None:
+    html = admin_client_.get("/admin/").content.decode()
+    row = re.search(r'<tr class="model-cacheentry[^"]*">.*?</th>', html, re.DOTALL)
+    assert row is not None
+    link = re.search(rf'<a href="{LIST_URL}"[^>]*>([^<]+)</a>', row.group(0))
+    assert link is not None
+    assert link.group(1) == "Task locks"
+    assert "Cache entries" not in html
+    # The permission codenames stay: groups and users keep what they were granted.
+    assert Permission.objects.filter(codename="force_release").exists()
+    assert Permission.objects.filter(codename="view_cacheentry").exists()
+
+
+def test_the_migrations_match_the_models() -> None:
+    out = io.StringIO()
+    call_command("makemigrations", "django_tasklock", "--check", "--dry-run", stdout=out)
+    assert "No changes detected" in out.getvalue()
+
+
+def test_breadcrumbs_use_the_admins_own_markup(
+    memory: BaseBackend, admin_client_: Client, key: str
+) -> None:
+    hold(memory, key)
+    own = admin_client_.get("/admin/auth/user/").content.decode()
+    tag = "ol" if '<ol class="breadcrumbs">' in own else "div"
+    assert f'<{tag} class="breadcrumbs">' in own
+    for page in (admin_client_.get(LIST_URL), admin_client_.get(RELEASE_URL, {"key": key})):
+        html = page.content.decode()
+        assert f'<{tag} class="breadcrumbs">' in html
+        assert '<a href="/admin/django_tasklock/">Task locks</a>' in html
 
 
 def test_no_adding_or_changing_rows(memory: BaseBackend, admin_client_: Client) -> None:
@@ -190,7 +323,7 @@ def test_release_needs_csrf(memory: BaseBackend, key: str) -> None:
     confirm = client.get(RELEASE_URL, {"key": key})
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', confirm.content.decode())
     assert token
-    response = client.post(RELEASE_URL, {"key": key, "csrfmiddlewaretoken": token.group(1)})
+    response = client.post(RELEASE_URL, form_fields(confirm))
     assert response.status_code == 302
     assert memory.peek(key) is None
 
@@ -199,7 +332,9 @@ def test_release_needs_csrf(memory: BaseBackend, key: str) -> None:
 def test_releasing_a_key_nobody_holds(
     memory: BaseBackend, admin_client_: Client, key: str, method: str
 ) -> None:
-    response = getattr(admin_client_, method)(RELEASE_URL, {"key": key}, follow=True)
+    response = getattr(admin_client_, method)(
+        RELEASE_URL, {"key": key, "lease": "0123456789ab"}, follow=True
+    )
     assert texts(response) == [f"'{key}' is not held (any more): nothing to release."]
     assert not LogEntry.objects.exists()
 
@@ -212,6 +347,15 @@ def test_releasing_a_bad_key(
 ) -> None:
     response = admin_client_.post(RELEASE_URL, {"key": key}, follow=True)
     assert message in texts(response)[0]
+
+
+def test_a_post_that_names_no_lease_releases_nothing(
+    memory: BaseBackend, admin_client_: Client, key: str
+) -> None:
+    hold(memory, key)
+    response = admin_client_.post(RELEASE_URL, {"key": key}, follow=True)
+    assert texts(response) == ["Cannot release: the form named no lease; reload the page."]
+    assert memory.peek(key) is not None
 
 
 def test_other_methods_are_refused(memory: BaseBackend, admin_client_: Client) -> None:
@@ -250,5 +394,5 @@ def test_an_unreachable_backend_is_shown_not_a_500(admin_client_: Client) -> Non
         page = admin_client_.get(LIST_URL)
         assert page.status_code == 200
         assert "The lock backend failed: ConnectionError" in page.content.decode()
-        released = admin_client_.post(RELEASE_URL, {"key": "k"}, follow=True)
+        released = admin_client_.post(RELEASE_URL, {"key": "k", "lease": "x"}, follow=True)
         assert texts(released)[0].startswith("The lock backend failed: ConnectionError")

@@ -5,10 +5,17 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.core.management import ManagementUtility, call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
@@ -17,6 +24,7 @@ from django_tasklock.backends.base import BaseBackend, HeldLock, storage_key
 from django_tasklock.management.commands.tasklock import Command
 from django_tasklock.service import new_token
 from django_tasklock.testing import ContractBackend
+from tests.conftest import require_service, runs_manage_py_check
 
 LONG = timedelta(minutes=5)
 LIFE = timedelta(hours=1)
@@ -44,7 +52,7 @@ def test_list_shows_key_holder_and_times(active_backend: ContractBackend, key: s
 
     lines = run("list", "--prefix", key).splitlines()
 
-    assert lines[0].split() == ["KEY", "HOST", "PID", "ACQUIRED", "EXPIRES", "LEFT"]
+    assert lines[0].split() == ["KEY", "HOST", "PID", "ACQUIRED", "EXPIRES", "HELD", "LEFT"]
     assert [line.split()[0] for line in lines[1:]] == [f"{key}:a", f"{key}:b"]
     assert lines[2].split()[1:3] == ["worker-7.example", "4242"]
     assert "UTC" in lines[2]
@@ -58,13 +66,43 @@ def test_list_json_is_stable(active_backend: ContractBackend, key: str) -> None:
 
     [row] = json.loads(run("list", "--json", "--prefix", key))
 
-    assert set(row) >= {"key", "host", "pid", "acquired_at", "expires_at", "seconds_left"}
+    assert set(row) >= {
+        "key",
+        "host",
+        "pid",
+        "acquired_at",
+        "expires_at",
+        "seconds_held",
+        "seconds_left",
+    }
     assert (row["key"], row["host"], row["pid"]) == (key, "worker-7.example", 4242)
     acquired = datetime.fromisoformat(row["acquired_at"])
     expires = datetime.fromisoformat(row["expires_at"])
     assert acquired.utcoffset() == expires.utcoffset() == timedelta(0)
     assert expires - acquired == pytest.approx(LONG, abs=timedelta(seconds=5))
     assert 0 < row["seconds_left"] <= LONG.total_seconds()
+
+
+def test_list_shows_how_long_each_lock_has_been_held(
+    active_backend: ContractBackend, key: str
+) -> None:
+    # Acquired 10 minutes ago by the storage's clock, 5 minutes left.
+    plant = active_backend.plant
+    assert plant is not None
+    plant(storage_key(key), new_token(), timedelta(minutes=10), timedelta(minutes=5))
+
+    [row] = json.loads(run("list", "--json", "--prefix", key))
+    lines = run("list", "--prefix", key).splitlines()
+
+    assert row["seconds_held"] == pytest.approx(600, abs=30)
+    assert row["seconds_left"] == pytest.approx(300, abs=30)
+    acquired = datetime.fromisoformat(row["acquired_at"])
+    expires = datetime.fromisoformat(row["expires_at"])
+    # held + left = the lease's whole span, all by the storage's clock
+    span = (expires - acquired).total_seconds()
+    assert row["seconds_held"] + row["seconds_left"] == pytest.approx(span, abs=0.01)
+    assert lines[0].split()[-2:] == ["HELD", "LEFT"]
+    assert re.search(r"\b(9|10) min \d\d s  +[45] min \d\d s$", lines[1]), lines[1]
 
 
 def test_list_when_nothing_is_held(active_backend: ContractBackend, key: str) -> None:
@@ -180,12 +218,54 @@ def test_release_asks_first(
         return True
 
     monkeypatch.setattr(Command, "confirm", agree)
+    shown = active_backend.backend.peek(key)
+    assert shown is not None
     out = run("release", key)
-    assert f"Released {key!r} (was held by worker-7.example:4242)." in out
+    assert f"Released {key!r} (was held by worker-7.example:4242, lease {shown.lease})." in out
     assert key in questions[0]
     assert "worker-7.example:4242" in questions[0]
+    assert f"lease {shown.lease}" in questions[0]  # which lease: the one released
     assert "secret-part" not in questions[0]
     assert active_backend.backend.peek(key) is None
+
+
+def test_release_confirms_the_lease_shown_not_its_successor(
+    active_backend: ContractBackend, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The prompt names X; X finishes and Y takes the key before the operator says "y".
+    backend = active_backend.backend
+    x = hold(backend, key, "worker-x.example:1111:secret-x")
+
+    def meanwhile(self: Command, question: str) -> bool:
+        assert "worker-x.example:1111" in question
+        assert backend.release(key, x)
+        hold(backend, key, "worker-y.example:2222:secret-y")
+        return True
+
+    monkeypatch.setattr(Command, "confirm", meanwhile)
+    with pytest.raises(CommandError) as info:
+        run("release", key)
+    assert "changed hands" in str(info.value)
+    assert "worker-y.example:2222" in str(info.value)
+    assert "Nothing was released" in str(info.value)
+    now = backend.peek(key)
+    assert now is not None
+    assert now.holder.host == "worker-y.example"  # Y still holds it
+
+
+def test_release_of_a_lease_that_ended_at_the_prompt(
+    active_backend: ContractBackend, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = active_backend.backend
+    x = hold(backend, key, "worker-x.example:1111:secret-x")
+
+    def meanwhile(self: Command, question: str) -> bool:
+        assert backend.release(key, x)
+        return True
+
+    monkeypatch.setattr(Command, "confirm", meanwhile)
+    with pytest.raises(CommandError, match="ended in the meantime"):
+        run("release", key)
 
 
 def test_release_declined_keeps_the_lock(
@@ -201,13 +281,14 @@ def test_release_declined_keeps_the_lock(
 def test_release_noinput_does_not_ask(
     active_backend: ContractBackend, key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    hold(active_backend.backend, key)
-
     def fail(self: Command, question: str) -> bool:
         raise AssertionError("asked")
 
     monkeypatch.setattr(Command, "confirm", fail)
-    assert "Released" in run("release", key, "--noinput")
+    hold(active_backend.backend, key, "worker-7.example:4242:secret-part")
+    assert f"Released {key!r} (was held by worker-7.example:4242, lease " in run(
+        "release", key, "--noinput"
+    )
     assert active_backend.backend.peek(key) is None
 
 
@@ -225,21 +306,192 @@ def test_release_of_a_key_not_held(active_backend: ContractBackend, key: str) ->
         run("release", key, "--noinput")
 
 
-def test_release_that_loses_a_race_with_expiry(monkeypatch: pytest.MonkeyPatch, key: str) -> None:
+# -- the prompt, in a process of its own (a terminal, or none) ---------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+_SETTINGS = """
+SECRET_KEY = "prompt-tests"
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_tasklock"]
+DATABASES = {{}}
+TASKLOCK_BACKEND = "redis"
+TASKLOCK_REDIS_URL = {url!r}
+"""
+
+
+@pytest.fixture
+def manage(tmp_path: Path) -> tuple[list[str], dict[str, str], BaseBackend]:
+    """``manage.py`` in a new process, on the test Redis, and that Redis's backend here."""
+    require_service("redis")
+    from django_tasklock.backends.redis import RedisBackend
+
+    (tmp_path / "prompt_settings.py").write_text(_SETTINGS.format(url=settings.REDIS_URL))
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "prompt_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+    }
+    env.pop("TASKLOCK_BACKEND", None)
+    return [sys.executable, "-m", "django"], env, RedisBackend(url=settings.REDIS_URL)
+
+
+def test_release_without_a_terminal_names_noinput(
+    manage: tuple[list[str], dict[str, str], BaseBackend], key: str
+) -> None:
+    command, env, backend = manage
+    hold(backend, key)
+    try:
+        done = subprocess.run(
+            [*command, "tasklock", "release", key],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr
+        assert "CommandError" in done.stderr
+        assert "--noinput" in done.stderr
+        assert backend.peek(key) is not None
+
+        forced = subprocess.run(
+            [*command, "tasklock", "release", key, "--noinput"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert forced.returncode == 0, forced.stderr
+        assert f"Released {key!r}" in forced.stdout
+        assert backend.peek(key) is None
+    finally:
+        backend.force_release(key)
+
+
+def test_ctrl_c_at_the_prompt_cancels_quietly(
+    manage: tuple[list[str], dict[str, str], BaseBackend], key: str
+) -> None:
+    import pty
+
+    command, env, backend = manage
+    hold(backend, key)
+    ours, theirs = pty.openpty()  # a terminal for the prompt to read from
+    try:
+        proc = subprocess.Popen(
+            [*command, "tasklock", "release", key],
+            env=env,
+            stdin=theirs,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        prompt = ""
+        while "[y/N]" not in prompt and time.monotonic() < deadline:
+            prompt += proc.stdout.read(1)
+        assert "[y/N]" in prompt
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1, err
+        assert "Traceback" not in err
+        assert "cancelled" in err
+        assert backend.peek(key) is not None
+    finally:
+        os.close(ours)
+        os.close(theirs)
+        backend.force_release(key)
+
+
+def test_confirm_reads_the_answer_from_the_terminal() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = io.StringIO()
+    for answer, expected in (("y\n", True), ("\n", False), ("YES \n", True), ("no\n", False)):
+        command = Command(stdout=out)
+        command.stdin = Terminal(answer)
+        assert command.confirm("Sure?") is expected
+    assert out.getvalue().count("Sure? [y/N] ") == 4
+
+
+@pytest.mark.parametrize("stdin", ["", "\x03"])
+def test_end_of_input_or_ctrl_c_at_the_prompt_cancels(
+    stdin: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+        def readline(self, size: int | None = -1) -> str:  # type: ignore[override]
+            if self.getvalue() == "\x03":
+                raise KeyboardInterrupt
+            return super().readline()
+
+    command = Command(stdout=io.StringIO())
+    command.stdin = Terminal(stdin)
+    with pytest.raises(CommandError, match="cancelled"):
+        command.confirm("Sure?")
+
+
+def test_confirm_without_a_terminal_names_noinput() -> None:
+    command = Command(stdout=io.StringIO())
+    command.stdin = io.StringIO("y\n")
+    with pytest.raises(CommandError, match="--noinput"):
+        command.confirm("Sure?")
+
+
+# -- Django's common options, before or after the subcommand ----------------------
+
+
+@pytest.mark.parametrize(
+    "args", [("clearstale", "-v", "0"), ("clearstale", "--verbosity=0"), ("-v", "0", "clearstale")]
+)
+def test_verbosity_before_or_after_the_subcommand(args: tuple[str, ...]) -> None:
     with override_settings(TASKLOCK_BACKEND="memory"):
-        from django_tasklock.service import TaskLockService
-
-        backend = TaskLockService().backend
-        hold(backend, key)
-        monkeypatch.setattr(backend, "force_release", lambda key: False)
-        with pytest.raises(CommandError, match="ended in the meantime"):
-            run("release", key, "--noinput")
+        assert run(*args) == ""
 
 
-def test_confirm_reads_yes_from_the_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    answers = iter(["y", "", "YES ", "no"])
-    monkeypatch.setattr("builtins.input", lambda prompt: next(answers))
-    assert [Command().confirm("Sure?") for _ in range(4)] == [True, False, True, False]
+@pytest.mark.parametrize("subcommand", [["list"], ["clearstale"], ["release", "k", "--noinput"]])
+def test_every_subcommand_takes_the_common_options(key: str, subcommand: list[str]) -> None:
+    parser = Command().create_parser("manage.py", "tasklock")
+    common = [
+        "-v",
+        "2",
+        "--settings",
+        "tests.settings",
+        "--pythonpath",
+        ".",
+        "--traceback",
+        "--no-color",
+        "--skip-checks",
+    ]
+    options = vars(parser.parse_args([*subcommand, *common]))
+    assert options["verbosity"] == 2
+    assert options["settings"] == "tests.settings"
+    assert options["pythonpath"] == "."
+    assert options["traceback"] is True
+    assert options["no_color"] is True
+    assert options["skip_checks"] is True
+    assert vars(parser.parse_args([*subcommand, "--force-color"]))["force_color"] is True
+    # Given before the subcommand, they are not reset by the subcommand's defaults.
+    before = vars(parser.parse_args(["-v", "3", "--traceback", *subcommand]))
+    assert (before["verbosity"], before["traceback"]) == (3, True)
+    assert vars(parser.parse_args(subcommand))["verbosity"] == 1
+
+
+@runs_manage_py_check
+def test_from_the_command_line_verbosity_after_the_subcommand(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with override_settings(TASKLOCK_BACKEND="memory"):
+        ManagementUtility(["manage.py", "tasklock", "clearstale", "-v", "2"]).execute()
+    out, err = capsys.readouterr()
+    assert "Backend: django_tasklock.backends.memory.MemoryBackend" in err
+    assert "Removed 0 stale lock entries." in out
 
 
 # -- mistakes ------------------------------------------------------------------------

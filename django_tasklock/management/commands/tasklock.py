@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -35,8 +35,38 @@ def _expires_by_itself(backend: BaseBackend) -> bool:
     return module is not None and isinstance(backend, module.RedisBackend)
 
 
+def _common_options(parser: argparse.ArgumentParser) -> None:
+    """Django's common options, accepted after the subcommand too (``tasklock clearstale -v 0``).
+
+    Their default is ``SUPPRESS``: an option not given here leaves the value the
+    main parser gave it (from before the subcommand, or its default) alone.
+    """
+    parser.add_argument(
+        "-v",
+        "--verbosity",
+        type=int,
+        choices=[0, 1, 2, 3],
+        default=argparse.SUPPRESS,
+        help="0 = silent, 1 = normal output, 2 = also name the backend, 3 = as 2",
+    )
+    parser.add_argument("--settings", default=argparse.SUPPRESS, help="settings module to use")
+    parser.add_argument(
+        "--pythonpath", default=argparse.SUPPRESS, help="a directory to add to the Python path"
+    )
+    for flag, help_text in (
+        ("--traceback", "raise on CommandError exceptions"),
+        ("--no-color", "don't colorize the command output"),
+        ("--force-color", "force colorization of the command output"),
+        ("--skip-checks", "skip system checks"),
+    ):
+        parser.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=help_text)
+
+
 class Command(BaseCommand):
     help = "Inspect and operate the task locks of the configured backend (TASKLOCK_BACKEND)."
+    #: ``call_command(..., stdin=...)``: where the confirmation is read (default: sys.stdin).
+    stealth_options = ("stdin",)
+    stdin: TextIO = sys.stdin
 
     def add_arguments(self, parser: CommandParser) -> None:
         subcommands = parser.add_subparsers(
@@ -56,21 +86,26 @@ class Command(BaseCommand):
         )
         clearing.add_argument("--dry-run", action="store_true", help="count them, delete nothing")
 
-        release = subcommands.add_parser("release", help="force-release KEY, whoever holds it")
+        release = subcommands.add_parser(
+            "release",
+            help="force-release the lease of KEY the prompt shows (--noinput: whoever holds it)",
+        )
         release.add_argument("key", type=_key, metavar="KEY", help="the key, without task-lock:")
         release.add_argument(
             "--noinput",
             "--no-input",
             action="store_false",
             dest="interactive",
-            help="do not ask for confirmation",
+            help="do not ask: release whoever holds KEY now (and say who it was)",
         )
 
-        # Django 4.2's subparsers do not inherit it: errors would raise instead of printing usage.
         for subparser in (listing, clearing, release):
+            _common_options(subparser)
+            # Django 4.2's subparsers don't inherit it: errors would raise, not print usage.
             subparser.called_from_command_line = parser.called_from_command_line
 
     def handle(self, *args: Any, **options: Any) -> None:
+        self.stdin = options.get("stdin") or sys.stdin
         backend = self._call(lambda: TaskLockService().backend)
         verbosity: int = options["verbosity"]
         if verbosity >= 2:
@@ -86,8 +121,27 @@ class Command(BaseCommand):
             )
 
     def confirm(self, question: str) -> bool:
-        """Ask ``question`` on the terminal; True for yes. Tests replace this method."""
-        return input(f"{question} [y/N] ").strip().lower() in {"y", "yes"}
+        """Ask ``question`` on the terminal; True for yes.
+
+        Without a terminal (cron, CI, a pipe) nobody can answer: a ``CommandError``
+        says to pass ``--noinput``. End of input or Ctrl-C cancels (a
+        ``CommandError``, no traceback). Tests replace this method.
+        """
+        if not self.stdin.isatty():
+            raise CommandError(
+                "No terminal to confirm the release on: pass --noinput to release "
+                "whoever holds the key without asking."
+            )
+        try:
+            self.stdout.write(f"{question} [y/N] ", ending="")
+            self.stdout.flush()
+            answer = self.stdin.readline()
+        except KeyboardInterrupt:
+            answer = ""
+        if not answer.endswith("\n"):  # end of input or Ctrl-C: leave the prompt's line
+            self.stdout.write("")
+            raise CommandError("Release cancelled.")
+        return answer.strip().lower() in {"y", "yes"}
 
     # -- subcommands -------------------------------------------------------------
 
@@ -117,19 +171,40 @@ class Command(BaseCommand):
     def _release(
         self, backend: BaseBackend, key: str, *, interactive: bool, verbosity: int
     ) -> None:
-        held = self._call(lambda: backend.peek(key))
-        if held is None:
-            raise CommandError(f"{key!r} is not held.")
-        if interactive and not self.confirm(
-            f"Force-release {key!r}, held by {held.holder} for "
-            f"{display.time_left(held.seconds_left)} more? "
-            "Its holder keeps running and will find its lock lost."
-        ):
-            raise CommandError("Release cancelled.")
-        if not self._call(lambda: backend.force_release(key)):
-            raise CommandError(f"{key!r} is not held (its lease ended in the meantime).")
+        """Release the lease the prompt showed, and only it; with --noinput, the holder's now."""
+        if interactive:
+            shown = self._call(lambda: backend.peek(key))
+            if shown is None:
+                raise CommandError(f"{key!r} is not held.")
+            if not self.confirm(
+                f"Force-release {key!r}, held by {display.lease(shown)}? "
+                "Its holder keeps running and will find its lock lost."
+            ):
+                raise CommandError("Release cancelled.")
+            ended = self._call(lambda: backend.force_release(key, lease=shown.lease))
+            if ended is None:
+                raise CommandError(self._not_released(backend, shown))
+        else:
+            ended = self._call(lambda: backend.force_release(key))
+            if ended is None:
+                raise CommandError(f"{key!r} is not held.")
         if verbosity >= 1:
-            self.stdout.write(self.style.SUCCESS(f"Released {key!r} (was held by {held.holder})."))
+            released = f"Released {key!r} (was held by {ended.holder}, lease {ended.lease})."
+            self.stdout.write(self.style.SUCCESS(released))
+
+    def _not_released(self, backend: BaseBackend, shown: HeldLock) -> str:
+        """Why the lease shown was not released: it ended, or the key changed hands."""
+        now = self._call(lambda: backend.peek(shown.key))
+        if now is None:
+            return (
+                f"{shown.key!r} is not held: the lease shown (of {shown.holder}) "
+                "ended in the meantime. Nothing was released."
+            )
+        return (
+            f"{shown.key!r} changed hands since the prompt: it is held now by "
+            f"{display.lease(now)}, not by {shown.holder}. Nothing was released; "
+            "run the command again to release the new holder."
+        )
 
     # -- helpers -----------------------------------------------------------------
 
@@ -141,7 +216,7 @@ class Command(BaseCommand):
             raise CommandError(f"The lock backend failed: {type(exc).__name__}: {exc}") from exc
 
     def _table(self, locks: list[HeldLock]) -> str:
-        header = ["KEY", "HOST", "PID", "ACQUIRED", "EXPIRES", "LEFT"]
+        header = ["KEY", "HOST", "PID", "ACQUIRED", "EXPIRES", "HELD", "LEFT"]
         rows = [
             [
                 lock.key,
@@ -149,7 +224,8 @@ class Command(BaseCommand):
                 str(lock.holder.pid) if lock.holder.pid is not None else "?",
                 display.when(lock.acquired_at),
                 display.when(lock.expires_at),
-                display.time_left(lock.seconds_left),
+                display.duration(display.seconds_held(lock)),
+                display.duration(lock.seconds_left),
             ]
             for lock in locks
         ]
