@@ -9,10 +9,12 @@ Releasing never waits for a refresh under way. The thread is a daemon, starts
 on the first lease, is recreated in a forked child, and lets go of its
 connections whenever it has nothing to keep alive.
 
-A lease stops being refreshed when it is released, found gone, or reaches
-``max_lifetime`` (a warning; the backend caps it on the storage side as well).
-While the thread waits for the storage, a :class:`~django_tasklock.watchdog.Watchdog`
-declares each lease lost as soon as it could have run out.
+A lease stops being refreshed when it is released, found gone or someone
+else's, or reaches ``max_lifetime`` (the backend caps it on the storage side as
+well). Losses by the clock are the deadline watcher's to declare (see
+``watchdog``), whatever this thread is doing; this thread declares those its
+answers reveal. It never runs a receiver or a log handler: those run on the
+notifier thread (see ``notifier``).
 
 A lease whose release waits for the caller's transaction (see
 ``transactions``) stays here, still refreshed, and is looked at every
@@ -33,15 +35,18 @@ import threading
 from typing import TYPE_CHECKING
 
 from django_tasklock.backends.base import Refresh
-from django_tasklock.lease import NOT_CONFIRMED, clock
-from django_tasklock.watchdog import Watchdog
+from django_tasklock.lease import clock
+from django_tasklock.notifier import log, mark_background
+from django_tasklock.reasons import TAKEN
+from django_tasklock.watchdog import watcher
 
 if TYPE_CHECKING:
     from django_tasklock.backends.base import BaseBackend
     from django_tasklock.lease import Lease, PendingRelease
 
-logger = logging.getLogger("django_tasklock")
-
+# Leases found not ours in one answer that get a look to tell "taken" from
+# "released_by_operator" (one peek each, on this thread); the rest are "taken".
+_LOOKS_PER_TICK = 8
 # Closed leases tolerated in the heap before it is compacted.
 _COMPACT_AFTER = 64
 # A lease due within this share of its refresh interval is refreshed with the
@@ -73,7 +78,7 @@ class Heartbeat:
         self._wake_at = math.inf
         self._idle_wake = _IDLE_WAKE
         self._taken: list[Lease] = []  # due leases the thread has taken off the heap
-        self._watchdog = Watchdog(self._kept)
+        self._waiting = 0  # releases waiting for a refresh under way (see remove)
 
     def add(self, lease: Lease) -> None:
         interval = lease.options.refresh_interval.total_seconds()
@@ -89,20 +94,35 @@ class Heartbeat:
             elif lease.next_due < self._wake_at:
                 self._wake_at = lease.next_due
                 self._cond.notify()  # due before whatever the thread sleeps until
-        if self._watchdog.busy:  # the thread waits for the storage: watch this one too
-            self._watchdog.added()
+        watcher().add(lease)
 
-    def remove(self, lease: Lease) -> None:
-        """Stop refreshing ``lease``; a refresh already under way is disregarded.
+    def remove(self, lease: Lease, *, wait: bool = False) -> None:
+        """Stop refreshing ``lease``; from now on its ``lost`` is final.
 
-        Never waits for a refresh under way. The thread is woken only when
-        nothing is left to keep alive and it has connections to close. Closed
-        leases are dropped when they come due, or all at once when they are
-        half the heap (many short locks with a long ttl would otherwise pile
-        up until their first refresh is due).
+        A lease past its local deadline is declared lost first. A refresh
+        already under way is disregarded, and not waited for unless ``wait``:
+        then this returns once that refresh has answered (or failed), or after
+        the lease's ``ttl`` at most, so that a release sent next (``min_hold``:
+        "end at acquisition + min_hold") reaches the storage after it and is
+        not overtaken by it. Any refresh not yet sent is not sent.
+
+        The thread is woken only when nothing is left to keep alive and it has
+        connections to close. Closed leases are dropped when they come due, or
+        all at once when they are half the heap (many short locks with a long
+        ttl would otherwise pile up until their first refresh is due).
         """
+        if not lease.closed and clock() >= lease.valid_until:
+            lease.expire(inline=True)  # before lock_released, on the releasing thread
         with self._cond:
             lease.closed = True
+            if wait and lease.refreshing:
+                self._waiting += 1
+                try:
+                    self._cond.wait_for(
+                        lambda: not lease.refreshing, timeout=lease.options.ttl.total_seconds()
+                    )
+                finally:
+                    self._waiting -= 1
             self._closed += 1
             if self._closed >= len(self._heap) or (
                 self._closed > _COMPACT_AFTER and 2 * self._closed > len(self._heap)
@@ -112,6 +132,7 @@ class Heartbeat:
                 self._closed = 0
                 if not self._heap and self._touched:
                     self._cond.notify()  # going idle: let the thread close its connections
+        watcher().removed()
 
     def watch(self, lease: Lease, pending: PendingRelease) -> None:
         """Keep ``lease`` alive until ``pending`` settles it, looking at it often."""
@@ -124,11 +145,6 @@ class Heartbeat:
                     heapq.heapify(self._heap)
                     self._cond.notify()
                     break
-
-    def _kept(self) -> list[Lease]:
-        """Every lease being kept alive: queued, or taken for the tick under way."""
-        with self._cond:
-            return [entry[2] for entry in self._heap if not entry[2].closed] + self._taken
 
     def _after_fork(self) -> None:
         # The child has no heartbeat thread, and the parent's leases are the
@@ -178,6 +194,7 @@ class Heartbeat:
                 return due, []
 
     def _run(self) -> None:
+        mark_background()
         while True:
             due, idle = self._next_due()
             # Nothing to keep alive: connections this thread opened would only
@@ -186,16 +203,19 @@ class Heartbeat:
                 try:
                     backend.close()
                 except Exception:  # pragma: no cover - closing is best effort
-                    logger.debug("Closing idle connections failed.", exc_info=True)
+                    log(logging.DEBUG, "Closing idle connections failed.", exc_info=True)
             by_backend: dict[int, list[Lease]] = {}
             for lease in due:
                 by_backend.setdefault(id(lease.backend), []).append(lease)
             for leases in by_backend.values():
                 try:
                     again = self._beat(leases)
-                except BaseException:  # even SystemExit from a receiver: the thread must go on
-                    logger.exception(
-                        "The django-tasklock heartbeat failed on %r.", [x.key for x in leases]
+                except BaseException:  # the thread must go on
+                    log(
+                        logging.ERROR,
+                        "The django-tasklock heartbeat failed on %r.",
+                        [x.key for x in leases],
+                        exc_info=True,
                     )
                     for lease in leases:
                         interval = lease.options.refresh_interval.total_seconds()
@@ -211,24 +231,24 @@ class Heartbeat:
     def _beat(self, leases: list[Lease]) -> list[Lease]:
         """Refresh ``leases`` (all of one backend) in one call; return those to refresh again.
 
-        From the first statement to the answer, the watchdog judges every
-        lease by its ``valid_until``; the answer is read only after that.
+        Meanwhile the deadline watcher judges every lease by its
+        ``valid_until``. A lease being refreshed is marked ``refreshing``
+        until the answer, so that a release can wait for it (see :meth:`remove`).
         """
-        self._watchdog.begin()
-        try:
-            live, looked, answers = self._send(leases)
-        finally:
-            self._watchdog.end()
+        live, looked, answers = self._send(leases)
         if isinstance(answers, Exception):
             return looked + self._failed(live, answers)
         again: list[Lease] = looked
+        looks = _LOOKS_PER_TICK
         for lease, still_ours in zip(live, answers, strict=True):
             if lease.closed:
                 continue
             if not still_ours:
-                lease.report_lost("refresh")
+                if not lease.lost_event.is_set():
+                    looks -= 1
+                    lease.declare(lease.found_not_ours() if looks >= 0 else TAKEN)
                 continue
-            # Still ours, even if the watchdog declared it lost while the call
+            # Still ours, even if declared lost by its deadline while the call
             # was under way: nobody held the key meanwhile, so keep it.
             lease.valid_until = lease.confirmed_until
             again.append(lease)
@@ -256,7 +276,12 @@ class Heartbeat:
                     if lease.pending.settle():
                         continue  # the caller's transaction ended: released
                 except BaseException:  # the thread must go on, and so must the others
-                    logger.exception("The django-tasklock heartbeat failed on %r.", lease.key)
+                    log(
+                        logging.ERROR,
+                        "The django-tasklock heartbeat failed on %r.",
+                        lease.key,
+                        exc_info=True,
+                    )
                     looked.append(lease)
                     continue
                 if now < lease.next_due:
@@ -270,12 +295,18 @@ class Heartbeat:
                     options.ttl.total_seconds(),
                 )
             if now >= lease.deadline:
-                lease.reach_max_lifetime()
-                continue
+                lease.lost  # noqa: B018 - declared by its deadline, if not yet
+                continue  # the storage would not extend it any more
             lease.next_due = min(now + known[0], lease.deadline)
             # What this refresh confirms, if it does: the storage dates it after now.
             lease.confirmed_until = min(now + known[1], lease.deadline)
             live.append(lease)
+        with self._cond:
+            # Released meanwhile: not sent. The others are waited for by a
+            # release that must not be overtaken (see remove()).
+            live = [lease for lease in live if not lease.closed]
+            for lease in live:
+                lease.refreshing = True
         if not live:
             return live, looked, []
         try:
@@ -284,20 +315,24 @@ class Heartbeat:
             )
         except Exception as error:
             return live, looked, error
+        finally:
+            with self._cond:
+                for lease in live:
+                    lease.refreshing = False
+                if self._waiting:
+                    self._cond.notify_all()
         return live, looked, answers
 
     def _failed(self, leases: list[Lease], error: Exception) -> list[Lease]:
-        """After a failed refresh: leases past their known end are lost, the others retried."""
-        now = clock()
-        open_ = [lease for lease in leases if not (lease.closed or lease.capped)]
-        lost = [lease for lease in open_ if now > lease.valid_until]
-        again = [lease for lease in open_ if now <= lease.valid_until]
-        if lost:
-            logger.warning("Refreshing task lock %r failed.", lost[0].key, exc_info=error)
-            for lease in lost:
-                lease.report_lost(NOT_CONFIRMED)
+        """After a failed refresh: logged, and the leases not lost retried at their interval.
+
+        Those past their deadline are lost (declared by the deadline watcher,
+        or here) and no longer refreshed.
+        """
+        again = [lease for lease in leases if not (lease.closed or lease.lost)]
         if again:
-            logger.warning(
+            log(
+                logging.WARNING,
                 "Refreshing task lock %r%s failed; retrying in %.1f s.",
                 again[0].key,
                 f" and {len(again) - 1} more" if len(again) > 1 else "",

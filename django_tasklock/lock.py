@@ -15,6 +15,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from django_tasklock import notifier
 from django_tasklock.aio import keep, off_loop
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, Holder
@@ -272,7 +273,8 @@ class Lock:
 
     def _release_now(self, lease: Lease) -> None:
         try:
-            heartbeat().remove(lease)
+            # With min_hold, a refresh under way must land before the release.
+            heartbeat().remove(lease, wait=self.min_hold is not None)
         finally:  # even interrupted here, the lease is released
             self._send_release(lease)
 
@@ -283,18 +285,19 @@ class Lock:
             else:
                 released = lease.backend.release(lease.key, lease.token, min_hold=self.min_hold)
         except Exception:
-            logger.warning(
+            # Possibly on the heartbeat's thread (a rollback found by it): logged there
+            # through the notifier, like the signals below.
+            notifier.log(
+                logging.WARNING,
                 "Releasing task lock %r failed; the lease will expire by itself.",
                 lease.key,
                 exc_info=True,
             )
-            if clock() > lease.valid_until:
-                lease.report_lost("release, after the lease could have run out")
             return
         if released:
-            lease.announce(lock_released)
+            notifier.run(lease.announce, lock_released)
         else:
-            lease.report_lost("release")
+            lease.declare(lease.found_not_ours())
 
     def _undo(self, attempt: asyncio.Future[tuple[bool, float | None]]) -> None:
         """Release what an attempt abandoned by a cancelled caller acquired."""
