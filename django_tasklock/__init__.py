@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django_tasklock import reasons
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.decorators import exclusive
 from django_tasklock.exceptions import LockNotAcquired, TaskLockError
@@ -32,5 +33,6 @@ __all__ = [
     "lock_acquired",
     "lock_lost",
     "lock_released",
+    "reasons",
     "run_exclusive",
 ]
