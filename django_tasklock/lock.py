@@ -51,7 +51,8 @@ class Lock:
     is released (each time with a new token).
 
     While held: ``holder`` is who holds it (this host and pid), ``lost``
-    turns True if the lease is lost (expired, taken over, force-released),
+    turns True if the lease is lost (expired, taken over, force-released,
+    ``max_lifetime`` passed),
     and ``fence`` is the grant's fencing token when ``fencing=True``.
     """
 
@@ -94,7 +95,8 @@ class Lock:
 
     @property
     def lost(self) -> bool:
-        """True once a refresh or the release found the lease gone or someone else's."""
+        """True from the lease's local deadline on, or once a refresh or the release
+        found it gone or someone else's (see ``Lease.lost``); no storage call."""
         return self._lease is not None and self._lease.lost
 
     # -- sync ------------------------------------------------------------------
