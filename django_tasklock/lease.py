@@ -152,11 +152,6 @@ class Lease:
         self.expire()
         return True
 
-    @property
-    def capped(self) -> bool:
-        """True once acquisition + ``max_lifetime`` has passed."""
-        return clock() >= self.deadline
-
     def expire(self, *, inline: bool = False) -> None:
         """Declare the loss at the local deadline (a no-op if already declared).
 
