@@ -5,13 +5,14 @@ the earliest is due, then refreshes every lease due by then (and those due
 within half their interval) with one ``refresh_many`` call per backend (one
 statement per 500 leases for the built-in backends), and schedules each again
 ``refresh_interval`` later. Each lost lease is still reported on its own.
-Releasing never waits for a refresh under way. The thread is a daemon, starts
+Releasing never waits for a refresh under way, except with ``min_hold`` (see
+:meth:`Heartbeat.remove`). The thread is a daemon, starts
 on the first lease, is recreated in a forked child, and lets go of its
 connections whenever it has nothing to keep alive.
 
 A lease stops being refreshed when it is released, found gone or someone
-else's, or reaches ``max_lifetime`` (the backend caps it on the storage side as
-well). Losses by the clock are the deadline watcher's to declare (see
+else's, reaches ``max_lifetime`` (the backend caps it on the storage side as
+well), or, lost past its deadline, its refresh fails. Losses by the clock are the deadline watcher's to declare (see
 ``watchdog``), whatever this thread is doing; this thread declares those its
 answers reveal. It never runs a receiver or a log handler: those run on the
 notifier thread (see ``notifier``).
