@@ -12,10 +12,10 @@ connections whenever it has nothing to keep alive.
 
 A lease stops being refreshed when it is released, found gone or someone
 else's, reaches ``max_lifetime`` (the backend caps it on the storage side as
-well), or, lost past its deadline, its refresh fails. Losses by the clock are the deadline watcher's to declare (see
-``watchdog``), whatever this thread is doing; this thread declares those its
-answers reveal. It never runs a receiver or a log handler: those run on the
-notifier thread (see ``notifier``).
+well), or, lost past its deadline, its refresh fails. Losses by the clock are
+the deadline watcher's to declare (see ``watchdog``), whatever this thread is
+doing; this thread declares those its answers reveal. It never runs a
+receiver or a log handler: those run on the notifier thread (see ``notifier``).
 
 A lease whose release waits for the caller's transaction (see
 ``transactions``) stays here, still refreshed, and is looked at every
