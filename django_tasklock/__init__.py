@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django_tasklock import reasons
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.decorators import exclusive
 from django_tasklock.exceptions import (
@@ -50,5 +51,6 @@ __all__ = [
     "lock_released",
     "lock_skipped",
     "lock_stalled",
+    "reasons",
     "run_exclusive",
 ]

@@ -5,16 +5,20 @@ the earliest is due, then refreshes every lease due by then (and those due
 within half their interval) with one ``refresh_many`` call per backend (one
 statement per 500 leases for the built-in backends), and schedules each again
 ``refresh_interval`` later. Each lost lease is still reported on its own.
-Releasing never waits for a refresh under way. The thread is a daemon, starts
+Releasing never waits for a refresh under way, except with ``min_hold`` (see
+:meth:`Heartbeat.remove`). The thread is a daemon, starts
 on the first lease, is recreated in a forked child, and lets go of its
 connections whenever it has nothing to keep alive.
 
-A lease stops being refreshed when it is released, found gone, or reaches
-``max_lifetime`` (a warning; the backend caps it on the storage side as well),
-or, given a ``progress_timeout``, when its work stopped calling
-``Lock.progress()`` (``lock_stalled``; declared lost when it has run out).
-While the thread waits for the storage, a :class:`~django_tasklock.watchdog.Watchdog`
-declares each lease lost as soon as it could have run out.
+A lease stops being refreshed when it is released, found gone or someone
+else's, reaches ``max_lifetime`` (the backend caps it on the storage side as
+well), or, lost past its deadline, its refresh fails; given a
+``progress_timeout``, also when its work stopped calling ``Lock.progress()``
+(``lock_stalled``; it then runs out and is declared lost by its deadline).
+Losses by the clock are the deadline watcher's to declare (see ``watchdog``),
+whatever this thread is doing; this thread declares those its answers reveal.
+It never runs a receiver or a log handler: those run on the notifier thread
+(see ``notifier``).
 
 A lease whose release waits for the caller's transaction (see
 ``transactions``) stays here, still refreshed, and is looked at every
@@ -34,15 +38,14 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from django_tasklock.backends.base import Refresh
-from django_tasklock.lease import NOT_CONFIRMED, clock
-from django_tasklock.watchdog import Watchdog
+from django_tasklock.lease import clock
+from django_tasklock.notifier import log, mark_background
+from django_tasklock.refreshing import BatchRefresher
+from django_tasklock.watchdog import watcher
 
 if TYPE_CHECKING:
     from django_tasklock.backends.base import BaseBackend
     from django_tasklock.lease import Lease, PendingRelease
-
-logger = logging.getLogger("django_tasklock")
 
 # Closed leases tolerated in the heap before it is compacted.
 _COMPACT_AFTER = 64
@@ -55,7 +58,7 @@ _IDLE_WAKE = 30.0
 _IDLE_WAKE_MIN = 1.0
 
 
-class Heartbeat:
+class Heartbeat(BatchRefresher):
     """The process's refresher of leases."""
 
     def __init__(self) -> None:
@@ -75,7 +78,7 @@ class Heartbeat:
         self._wake_at = math.inf
         self._idle_wake = _IDLE_WAKE
         self._taken: list[Lease] = []  # due leases the thread has taken off the heap
-        self._watchdog = Watchdog(self._kept)
+        self._waiting = 0  # releases waiting for a refresh under way (see remove)
 
     def add(self, lease: Lease) -> None:
         interval = lease.options.refresh_interval.total_seconds()
@@ -91,20 +94,35 @@ class Heartbeat:
             elif lease.next_due < self._wake_at:
                 self._wake_at = lease.next_due
                 self._cond.notify()  # due before whatever the thread sleeps until
-        if self._watchdog.busy:  # the thread waits for the storage: watch this one too
-            self._watchdog.added()
+        watcher().add(lease)
 
-    def remove(self, lease: Lease) -> None:
-        """Stop refreshing ``lease``; a refresh already under way is disregarded.
+    def remove(self, lease: Lease, *, wait: bool = False) -> None:
+        """Stop refreshing ``lease``; from now on its ``lost`` is final.
 
-        Never waits for a refresh under way. The thread is woken only when
-        nothing is left to keep alive and it has connections to close. Closed
-        leases are dropped when they come due, or all at once when they are
-        half the heap (many short locks with a long ttl would otherwise pile
-        up until their first refresh is due).
+        A lease past its local deadline is declared lost first. A refresh
+        already under way is disregarded, and not waited for unless ``wait``:
+        then this returns once that refresh has answered (or failed), or after
+        the lease's ``ttl`` at most, so that a release sent next (``min_hold``:
+        "end at acquisition + min_hold") reaches the storage after it and is
+        not overtaken by it. Any refresh not yet sent is not sent.
+
+        The thread is woken only when nothing is left to keep alive and it has
+        connections to close. Closed leases are dropped when they come due, or
+        all at once when they are half the heap (many short locks with a long
+        ttl would otherwise pile up until their first refresh is due).
         """
+        if not lease.closed and clock() >= lease.valid_until:
+            lease.expire(inline=True)  # before lock_released, on the releasing thread
         with self._cond:
             lease.closed = True
+            if wait and lease.refreshing:
+                self._waiting += 1
+                try:
+                    self._cond.wait_for(
+                        lambda: not lease.refreshing, timeout=lease.options.ttl.total_seconds()
+                    )
+                finally:
+                    self._waiting -= 1
             self._closed += 1
             if self._closed >= len(self._heap) or (
                 self._closed > _COMPACT_AFTER and 2 * self._closed > len(self._heap)
@@ -114,6 +132,7 @@ class Heartbeat:
                 self._closed = 0
                 if not self._heap and self._touched:
                     self._cond.notify()  # going idle: let the thread close its connections
+        watcher().removed()
 
     def watch(self, lease: Lease, pending: PendingRelease) -> None:
         """Keep ``lease`` alive until ``pending`` settles it, looking at it often."""
@@ -126,11 +145,6 @@ class Heartbeat:
                     heapq.heapify(self._heap)
                     self._cond.notify()
                     break
-
-    def _kept(self) -> list[Lease]:
-        """Every lease being kept alive: queued, or taken for the tick under way."""
-        with self._cond:
-            return [entry[2] for entry in self._heap if not entry[2].closed] + self._taken
 
     def _after_fork(self) -> None:
         # The child has no heartbeat thread, and the parent's leases are the
@@ -180,6 +194,7 @@ class Heartbeat:
                 return due, []
 
     def _run(self) -> None:
+        mark_background()
         while True:
             due, idle = self._next_due()
             # Nothing to keep alive: connections this thread opened would only
@@ -188,16 +203,19 @@ class Heartbeat:
                 try:
                     backend.close()
                 except Exception:  # pragma: no cover - closing is best effort
-                    logger.debug("Closing idle connections failed.", exc_info=True)
+                    log(logging.DEBUG, "Closing idle connections failed.", exc_info=True)
             by_backend: dict[int, list[Lease]] = {}
             for lease in due:
                 by_backend.setdefault(id(lease.backend), []).append(lease)
             for leases in by_backend.values():
                 try:
                     again = self._beat(leases)
-                except BaseException:  # even SystemExit from a receiver: the thread must go on
-                    logger.exception(
-                        "The django-tasklock heartbeat failed on %r.", [x.key for x in leases]
+                except BaseException:  # the thread must go on
+                    log(
+                        logging.ERROR,
+                        "The django-tasklock heartbeat failed on %r.",
+                        [x.key for x in leases],
+                        exc_info=True,
                     )
                     for lease in leases:
                         interval = lease.options.refresh_interval.total_seconds()
@@ -209,111 +227,6 @@ class Heartbeat:
                             heapq.heappush(self._heap, (lease.wake_at(), next(self._seq), lease))
             with self._cond:
                 self._taken = []
-
-    def _beat(self, leases: list[Lease]) -> list[Lease]:
-        """Refresh ``leases`` (all of one backend) in one call; return those to refresh again.
-
-        From the first statement to the answer, the watchdog judges every
-        lease by its ``valid_until``; the answer is read only after that.
-        """
-        self._watchdog.begin()
-        try:
-            live, looked, answers = self._send(leases)
-        finally:
-            self._watchdog.end()
-        if isinstance(answers, Exception):
-            return looked + self._failed(live, answers)
-        again: list[Lease] = looked
-        for lease, still_ours in zip(live, answers, strict=True):
-            if lease.closed:
-                continue
-            if not still_ours:
-                lease.report_lost("refresh")
-                continue
-            # Still ours, even if the watchdog declared it lost while the call
-            # was under way: nobody held the key meanwhile, so keep it.
-            lease.valid_until = lease.confirmed_until
-            again.append(lease)
-        return again
-
-    def _send(
-        self, leases: list[Lease]
-    ) -> tuple[list[Lease], list[Lease], list[bool] | Exception]:
-        """Settle pending releases and send the refreshes due.
-
-        Returns the leases refreshed, those only looked at, and the answers
-        (or the error the call failed with).
-        """
-        now = clock()
-        backend = leases[0].backend
-        with self._cond:
-            self._touched[id(backend)] = backend  # the thread may open connections now
-        live: list[Lease] = []
-        looked: list[Lease] = []  # waiting for their caller's transaction, not due yet
-        # Seconds of (refresh_interval, ttl) per options object: most leases share one.
-        seconds: dict[int, tuple[float, float]] = {}
-        for lease in leases:
-            if lease.pending is not None:
-                try:
-                    if lease.pending.settle():
-                        continue  # the caller's transaction ended: released
-                except BaseException:  # the thread must go on, and so must the others
-                    logger.exception("The django-tasklock heartbeat failed on %r.", lease.key)
-                    looked.append(lease)
-                    continue
-                if now < lease.next_due:
-                    looked.append(lease)  # only a look: no refresh due yet
-                    continue
-            options = lease.options
-            known = seconds.get(id(options))
-            if known is None:
-                known = seconds[id(options)] = (
-                    options.refresh_interval.total_seconds(),
-                    options.ttl.total_seconds(),
-                )
-            if now >= lease.deadline:
-                lease.reach_max_lifetime()
-                continue
-            if lease.pending is None and lease.stalled(now):  # progress_timeout passed
-                if now >= lease.valid_until:
-                    lease.report_lost("no progress within progress_timeout; not refreshed")
-                    continue
-                lease.next_due = lease.valid_until  # not refreshed: looked at when it runs out
-                looked.append(lease)
-                continue
-            lease.next_due = min(now + known[0], lease.deadline)
-            # What this refresh confirms, if it does: the storage dates it after now.
-            lease.confirmed_until = min(now + known[1], lease.deadline)
-            live.append(lease)
-        if not live:
-            return live, looked, []
-        try:
-            answers = backend.refresh_many(
-                [Refresh(x.key, x.token, x.options.ttl, x.options.max_lifetime) for x in live]
-            )
-        except Exception as error:
-            return live, looked, error
-        return live, looked, answers
-
-    def _failed(self, leases: list[Lease], error: Exception) -> list[Lease]:
-        """After a failed refresh: leases past their known end are lost, the others retried."""
-        now = clock()
-        open_ = [lease for lease in leases if not (lease.closed or lease.capped)]
-        lost = [lease for lease in open_ if now > lease.valid_until]
-        again = [lease for lease in open_ if now <= lease.valid_until]
-        if lost:
-            logger.warning("Refreshing task lock %r failed.", lost[0].key, exc_info=error)
-            for lease in lost:
-                lease.report_lost(NOT_CONFIRMED)
-        if again:
-            logger.warning(
-                "Refreshing task lock %r%s failed; retrying in %.1f s.",
-                again[0].key,
-                f" and {len(again) - 1} more" if len(again) > 1 else "",
-                again[0].options.refresh_interval.total_seconds(),
-                exc_info=error,
-            )
-        return again
 
 
 _heartbeat = Heartbeat()

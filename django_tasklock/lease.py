@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from django_tasklock import notifier
+from django_tasklock.reasons import EXPIRED, MAX_LIFETIME, RELEASED_BY_OPERATOR, TAKEN
 from django_tasklock.signals import lock_lost, lock_stalled
 
 if TYPE_CHECKING:
@@ -53,9 +55,6 @@ def _forget_process_name() -> None:
 os.register_at_fork(after_in_child=_forget_process_name)
 
 
-#: Why a lease is lost when no refresh confirmed it in time (failed, or still under way).
-NOT_CONFIRMED = "no refresh succeeded before the lease could have run out"
-
 #: Seconds between two looks at a lease waiting for its caller's transaction.
 WATCH_INTERVAL = 0.5
 
@@ -80,7 +79,19 @@ class PendingRelease(Protocol):
 
 
 class Lease:
-    """One lock held by this process: what the heartbeat keeps alive, what the caller reads."""
+    """One lock held by this process: what the heartbeat keeps alive, what the caller reads.
+
+    **Lost, by the clock.** A lease is lost at its local deadline,
+    :attr:`valid_until`: when its last confirmed refresh (or its acquisition)
+    was *sent*, plus ``ttl``; or acquisition + ``max_lifetime``, whichever comes
+    first. Past that instant the storage may have let it go, so :attr:`lost`
+    says True, whoever looks and whatever the heartbeat is doing; the
+    declaration (``reason``, ``lost_event``, the :meth:`on_loss` callbacks,
+    then the warning and ``lock_lost``) happens once, on the first thread to
+    notice: the deadline watcher, the heartbeat, or the caller reading ``lost``.
+    A refresh or release that finds the lease gone or someone else's
+    declares it at once, before any deadline.
+    """
 
     def __init__(
         self,
@@ -96,8 +107,9 @@ class Lease:
         """``asked_at``: :func:`clock` just before the acquisition was sent.
 
         The storage dated the lease after that instant, so every local time
-        derived from it (the deadline, when the lease is surely valid until)
-        errs on the early side. ``progress_timeout``: see :meth:`stalled`.
+        derived from it errs on the early side; an acquisition answered after
+        its ``ttl`` gives a lease born past its deadline, lost at once.
+        ``progress_timeout``: see :meth:`stalled`.
         """
         self.backend = backend
         self.key = key
@@ -105,22 +117,28 @@ class Lease:
         self.holder = holder
         self.options = options
         self.pid = os.getpid()
+        #: Acquisition + ``max_lifetime``: no refresh is sent after it.
         self.deadline = asked_at + options.max_lifetime.total_seconds()
         self.next_due = asked_at + options.refresh_interval.total_seconds()
-        #: Until when the lease is known to be live, by the last confirmation.
+        #: The local deadline: until when the lease is known to be live, by the
+        #: last confirmation. Only ever moves later.
         self.valid_until = asked_at + min(options.ttl, options.max_lifetime).total_seconds()
         #: What the refresh under way confirms if it succeeds (set by the heartbeat).
         self.confirmed_until = self.valid_until
+        #: Set when the lease leaves the heartbeat (released); ``lost`` is then final.
         self.closed = False
+        #: True while a refresh of it is under way (under the heartbeat's lock).
+        self.refreshing = False
         #: Set while the release waits for the caller's transaction to end.
         self.pending: PendingRelease | None = None
         self._lost = False
-        #: Why the lease was lost (``"expired"``, ``"taken"``, ...), once it was.
+        #: Why the lease was lost (see ``django_tasklock.reasons``), once it was.
         self.reason: str | None = None
+        #: :func:`clock` at the declaration of the loss.
+        self.declared_at: float | None = None
         #: Set at the declaration of the loss: for code that waits on it.
         self.lost_event = threading.Event()
         self._loss_callbacks: list[Callable[[Lease], None]] = []
-        self._capped = False  # the max_lifetime warning was logged
         #: When the work last said it moves (``Lock.progress()``); the acquisition at first.
         self.progress_at = asked_at
         self.progress_timeout = (
@@ -131,14 +149,52 @@ class Lease:
 
     @property
     def lost(self) -> bool:
-        """True once the lease was found gone or someone else's, or no refresh
-        confirmed it before it could have run out (it may then still be held)."""
-        return self._lost
+        """True from the local deadline on (or once found gone or someone else's).
 
-    def report_lost(self, when: str) -> None:
-        """Record the loss once: a warning, the ``lock_lost`` signal, ``lost`` set."""
-        if self.mark_lost():
-            self.announce_loss(when)
+        Compares the clock with :attr:`valid_until` itself, so the first look
+        after a pause (``SIGSTOP``, a long GC) already says True. Once the
+        lease is released (``closed``), the answer no longer changes.
+        """
+        if self._lost:
+            return True
+        if self.closed or clock() < self.valid_until:
+            return False
+        self.expire()
+        return True
+
+    def expire(self, *, inline: bool = False) -> None:
+        """Declare the loss at the local deadline (a no-op if already declared).
+
+        The warning and ``lock_lost`` go to the notifier thread, unless
+        ``inline`` (on the caller's thread, when it releases the lease): a
+        look at ``lost`` never runs receivers.
+        """
+        if self.mark_lost(MAX_LIFETIME if self.valid_until >= self.deadline else EXPIRED):
+            if inline:
+                notifier.run(self.announce_loss)
+            else:
+                notifier.notifier().submit(self.announce_loss)
+
+    def declare(self, reason: str) -> None:
+        """Declare the loss for ``reason`` (once): then warn and send ``lock_lost``.
+
+        The announcement runs at once on the caller's thread, and on the
+        notifier's from the heartbeat or the deadline watcher.
+        """
+        if self.mark_lost(reason):
+            notifier.run(self.announce_loss)
+
+    def found_not_ours(self) -> str:
+        """The reason, when a refresh or the release found the lease not ours: one look.
+
+        Someone else's lease at the key is ``"taken"``; no lease at all,
+        before the local deadline, is ``"released_by_operator"``.
+        """
+        try:
+            held = self.backend.peek(self.key)
+        except Exception:
+            return TAKEN
+        return TAKEN if held is not None else RELEASED_BY_OPERATOR
 
     def mark_lost(self, reason: str | None = None) -> bool:
         """Set ``lost`` (and ``reason``, ``lost_event``); True the first time only.
@@ -150,6 +206,7 @@ class Lease:
             if self._lost:
                 return False
             self.reason = reason
+            self.declared_at = clock()
             self._lost = True
             callbacks = list(self._loss_callbacks)
         self.lost_event.set()
@@ -157,15 +214,20 @@ class Lease:
             try:
                 callback(self)
             except Exception:
-                logger.exception("A loss callback of task lock %r failed.", self.key)
+                notifier.log(
+                    logging.ERROR,
+                    "A loss callback of task lock %r failed.",
+                    self.key,
+                    exc_info=True,
+                )
         return True
 
     def on_loss(self, callback: Callable[[Lease], None]) -> None:
         """Call ``callback(lease)`` at the declaration of the loss (at once if already lost).
 
-        It runs on the thread that declares the loss (the heartbeat's or the
-        deadline watcher's): it must be quick and never block, e.g.
-        ``loop.call_soon_threadsafe(task.cancel)``.
+        It runs on the thread that declares the loss (the deadline watcher's,
+        the heartbeat's, or the caller's): it must be quick and never block,
+        e.g. ``loop.call_soon_threadsafe(task.cancel)``.
         """
         with self._lost_lock:
             if not self._lost:
@@ -173,34 +235,16 @@ class Lease:
                 return
         callback(self)
 
-    def announce_loss(self, when: str) -> None:
-        """The warning and the ``lock_lost`` signal for a loss just marked."""
+    def announce_loss(self) -> None:
+        """The warning and the ``lock_lost`` signal (with ``reason``) for a loss just marked."""
         logger.warning(
-            "Task lock %r was lost (%s): it expired, was taken over or was force-released "
-            "while %s held it.",
+            "Task lock %r was lost (%s): %s, while %s held it.",
             self.key,
-            when,
+            self.reason,
+            _WHY.get(self.reason or "", "it was lost"),
             self.holder,
         )
-        self.announce(lock_lost)
-
-    @property
-    def capped(self) -> bool:
-        """True once the lease reached ``max_lifetime`` (the warning is logged then)."""
-        return self._capped
-
-    def reach_max_lifetime(self) -> None:
-        """Warn, once, that the lease reached ``max_lifetime`` and is no longer refreshed."""
-        with self._lost_lock:
-            if self._capped:
-                return
-            self._capped = True
-        logger.warning(
-            "Task lock %r reached its max_lifetime of %s: no longer refreshed, the "
-            "lease will expire while the work may still be running.",
-            self.key,
-            self.options.max_lifetime,
-        )
+        self.announce(lock_lost, reason=self.reason)
 
     def stalled(self, now: float) -> bool:
         """Whether the work, given a ``progress_timeout``, went longer than it without progress.
@@ -216,14 +260,16 @@ class Lease:
         if now - self.progress_at <= self.progress_timeout:
             return False
         self._stalled = True
-        logger.warning(
+        # On the notifier thread when asked by the heartbeat: never a handler here.
+        notifier.log(
+            logging.WARNING,
             "Task lock %r: no progress for %.1f s (progress_timeout): no longer refreshed, "
             "the lease will run out while %s holds it.",
             self.key,
             now - self.progress_at,
             self.holder,
         )
-        self.announce(lock_stalled)
+        notifier.run(self.announce, lock_stalled)
         return True
 
     def wake_at(self) -> float:
@@ -232,17 +278,17 @@ class Lease:
             return self.next_due
         return min(self.next_due, clock() + WATCH_INTERVAL)
 
-    def announce(self, signal: Signal) -> None:
+    def announce(self, signal: Signal, **extra: object) -> None:
         """Send ``signal`` about this lease; a failing receiver is logged, never raised.
 
         The lock must not depend on receivers: an exception here would skip a
-        release, or end the heartbeat thread and with it every lease's refresh.
+        release, or end a thread the whole process relies on.
         ``send_robust`` already logs each failure with its traceback (logger
         ``django.dispatch``), so this adds one line naming the key, without
         a second copy of the traceback.
         """
         for receiver, outcome in signal.send_robust(
-            sender=type(self.backend), key=self.key, holder=self.holder
+            sender=type(self.backend), key=self.key, holder=self.holder, **extra
         ):
             if isinstance(outcome, Exception):
                 logger.error(
@@ -252,3 +298,12 @@ class Lease:
                     receiver,
                     outcome,
                 )
+
+
+_WHY = {
+    EXPIRED: "no refresh was confirmed within its ttl, so it may have expired",
+    TAKEN: "another holder has the key",
+    RELEASED_BY_OPERATOR: "the key was found free before its deadline (force-released, "
+    "or lost by the storage)",
+    MAX_LIFETIME: "it reached its max_lifetime and is no longer extended",
+}

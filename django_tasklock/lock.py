@@ -15,7 +15,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from django_tasklock import loss
+from django_tasklock import loss, notifier
 from django_tasklock.aio import keep, off_loop, refuse_event_loop
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
@@ -55,11 +55,11 @@ class Lock(loss.ActsOnLoss):
     is released (each time with a new token).
 
     While held: ``holder`` is who holds it (this host and pid), ``lost``
-    turns True if the lease is lost (expired, taken over, force-released),
-    and ``fence`` is the grant's fencing token when ``fencing=True``. Acting
-    on a loss: ``raise_if_lost()``, ``lost_event``, ``wait_lost()``,
-    ``progress()`` (see :class:`~django_tasklock.loss.ActsOnLoss`), and
-    ``cancel_on_loss=True`` for ``async with``.
+    turns True if the lease is lost (expired, taken over, force-released,
+    ``max_lifetime`` passed), and ``fence`` is the grant's fencing token when
+    ``fencing=True``. Acting on a loss: ``raise_if_lost()``, ``lost_event``,
+    ``wait_lost()``, ``progress()`` (see :class:`~django_tasklock.loss.ActsOnLoss`),
+    and ``cancel_on_loss=True`` for ``async with``.
     """
 
     def __init__(
@@ -107,7 +107,8 @@ class Lock(loss.ActsOnLoss):
 
     @property
     def lost(self) -> bool:
-        """True once a refresh or the release found the lease gone or someone else's."""
+        """True from the lease's local deadline on, or once a refresh or the release
+        found it gone or someone else's (see ``Lease.lost``); no storage call."""
         return self._lease is not None and self._lease.lost
 
     # -- sync ------------------------------------------------------------------
@@ -312,7 +313,8 @@ class Lock(loss.ActsOnLoss):
 
     def _release_now(self, lease: Lease) -> None:
         try:
-            heartbeat().remove(lease)
+            # With min_hold, a refresh under way must land before the release.
+            heartbeat().remove(lease, wait=self.min_hold is not None)
         finally:  # even interrupted here, the lease is released
             self._send_release(lease)
 
@@ -323,18 +325,19 @@ class Lock(loss.ActsOnLoss):
             else:
                 released = lease.backend.release(lease.key, lease.token, min_hold=self.min_hold)
         except Exception:
-            logger.warning(
+            # Possibly on the heartbeat's thread (a rollback found by it): logged there
+            # through the notifier, like the signals below.
+            notifier.log(
+                logging.WARNING,
                 "Releasing task lock %r failed; the lease will expire by itself.",
                 lease.key,
                 exc_info=True,
             )
-            if clock() > lease.valid_until:
-                lease.report_lost("release, after the lease could have run out")
             return
         if released:
-            lease.announce(lock_released)
+            notifier.run(lease.announce, lock_released)
         else:
-            lease.report_lost("release")
+            lease.declare(lease.found_not_ours())
 
     def _undo(self, attempt: asyncio.Future[tuple[bool, float | None]]) -> None:
         """Release what an attempt abandoned by a cancelled caller acquired.

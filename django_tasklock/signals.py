@@ -3,8 +3,11 @@
 Each is sent with keyword arguments ``key`` (the caller's key, without the
 ``task-lock:`` prefix) and ``holder`` (a :class:`~django_tasklock.backends.base.Holder`
 naming host and pid; never the secret token); ``lock_skipped`` adds
-``acquired_at`` and ``expires_at``. ``lock_lost`` may be sent from the
-heartbeat thread, or from its watchdog thread (see ``watchdog``).
+``acquired_at`` and ``expires_at``. ``lock_lost`` also carries ``reason``,
+one of the strings in ``django_tasklock.reasons``; it is sent from the
+releasing thread when the release finds the loss, else from the notifier
+thread (see ``notifier``), never from the heartbeat or the deadline watcher;
+so is ``lock_stalled``.
 """
 
 from __future__ import annotations

@@ -1,169 +1,132 @@
-"""Judging leases by their local deadlines while the heartbeat waits for the storage.
+"""The deadline watcher: one daemon thread declaring each lease lost at its local deadline.
 
-The heartbeat's thread sends each tick's refreshes (and the releases of
-leases whose caller's transaction ended) as calls that may not answer for a
-while: a Redis paused by ``CLIENT PAUSE``, a row lock the database makes the
-refresh wait for, a network that drops packets. Until a call answers, or
-fails at its socket or statement timeout, that thread cannot look at
-anything, and no lease of the process is refreshed. Meanwhile each lease is
-known to be live only until its ``valid_until`` (its last confirmed refresh
-plus ``ttl``): past it, the storage may have let it expire and another worker
-may hold the key.
+A lease is known live only until its ``valid_until``: when its last confirmed
+refresh (or its acquisition) was sent, plus ``ttl``, or acquisition +
+``max_lifetime``. Past it the storage may have let the lease go and another
+worker may hold the key, whatever the heartbeat is doing: waiting for a
+storage that stopped answering, between two attempts after a refused
+connection, or idle. So this thread sleeps until the earliest ``valid_until``
+of the process's leases and declares each lease whose deadline has passed
+(``reason`` ``"expired"`` or ``"max_lifetime"``). It never calls the storage,
+a receiver or a log handler: the warning and ``lock_lost`` go to the
+notifier thread (see ``notifier``), so nothing but the CPU delays it.
 
-So a second daemon thread watches while a call is under way: as each open
-lease's ``valid_until`` passes before the call answers, it declares it lost
-(warning, ``lock_lost``, ``lost``), or, where ``valid_until`` was the lease's
-``max_lifetime`` deadline, at its cap (the usual warning). Nothing changes a
-``valid_until`` while the heartbeat waits, and the heartbeat ends the watch
-before it reads an answer, so a lease is declared on the value it had.
+The heap holds one entry per lease, keyed by the ``valid_until`` it had when
+pushed. A confirmed refresh only moves ``valid_until`` later, and changes
+nothing here: an entry found early is pushed again at the lease's new
+deadline. Only a new lease whose deadline is earlier than the thread's wake-up
+wakes it. Released leases leave when they come due, or all at once when they
+are half the heap.
 
-A declared loss is what the holder was last able to know, not proof: if the
-late answer says the lease is still ours, nobody held the key meanwhile, and
-the heartbeat goes on refreshing it (``lost`` stays True), which keeps other
-workers out for as long as work that does not check ``lost`` runs.
-
-It costs the heartbeat two short locks and a notification per call. Only a
-call that lasts over :data:`MIN_GAP` makes the watchdog's thread copy the list
-of leases (under the heartbeat's lock) and look for the earliest deadline, and
-again at each deadline, each second, or when a lease is added meanwhile.
+``Lease.lost`` applies the same rule by itself (it compares the clock), so a
+reader never waits for this thread; the thread is there for the leases
+nobody reads, and for the signal.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import math
+import os
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from django_tasklock.lease import NOT_CONFIRMED, clock
+from django_tasklock.lease import clock
+from django_tasklock.notifier import log, mark_background
 
 if TYPE_CHECKING:
     from django_tasklock.lease import Lease
 
-logger = logging.getLogger("django_tasklock")
-
-#: Seconds between two looks at the leases while a call is under way, at most...
-RELOOK = 1.0
-#: ...and at least: a burst of deadlines is declared together.
-MIN_GAP = 0.05
+# Released leases tolerated in the heap before it is compacted.
+_COMPACT_AFTER = 64
 
 
-class Watchdog:
-    """Declares leases whose ``valid_until`` passes while the heartbeat's call is under way."""
+class DeadlineWatcher:
+    """Declares each lease lost at its local deadline; one thread per process, at most."""
 
-    def __init__(self, leases: Callable[[], list[Lease]]) -> None:
-        """``leases``: every lease the heartbeat keeps, queued or being refreshed."""
-        self._leases = leases
+    def __init__(self) -> None:
+        self._seq = itertools.count()
+        self._start_empty()
+
+    def _start_empty(self) -> None:
         self._cond = threading.Condition()
-        self._call = 0  # counts calls begun; the one under way, while _busy
-        self._busy = False
-        self._look_again = False  # a lease was added during the call
+        self._heap: list[tuple[float, int, Lease]] = []
         self._thread: threading.Thread | None = None
+        self._wake_at = math.inf
+        self._closed = 0  # released leases still in the heap
 
-    @property
-    def busy(self) -> bool:
-        """Whether the heartbeat is waiting for the storage (read without the lock)."""
-        return self._busy
-
-    def added(self) -> None:
-        """A lease was added while the heartbeat waits: watch it too."""
+    def add(self, lease: Lease) -> None:
+        """Watch ``lease`` until it is released or declared lost."""
         with self._cond:
-            if self._busy:
-                self._look_again = True
+            when = lease.valid_until
+            heapq.heappush(self._heap, (when, next(self._seq), lease))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="django-tasklock-deadlines", daemon=True
+                )
+                self._thread.start()
+            elif when < self._wake_at:
                 self._cond.notify()
 
-    def begin(self) -> None:
-        """The heartbeat is about to wait for the storage."""
+    def removed(self) -> None:
+        """A watched lease was released (``closed``): compact the heap when it is half such."""
         with self._cond:
-            self._call += 1
-            self._busy = True
-            self._look_again = False  # the call's snapshot will have every lease
-            if self._thread is not None and self._thread.is_alive():
-                self._cond.notify()
-                return
-            thread = threading.Thread(
-                target=self._run, name="django-tasklock-watchdog", daemon=True
-            )
-            try:
-                thread.start()
-            except RuntimeError:  # no threads left: refreshing matters more than watching
-                logger.warning("The django-tasklock watchdog could not start.", exc_info=True)
-            else:
-                self._thread = thread
+            self._closed += 1
+            if self._closed > _COMPACT_AFTER and 2 * self._closed > len(self._heap):
+                self._heap = [entry for entry in self._heap if not entry[2].closed]
+                heapq.heapify(self._heap)
+                self._closed = 0
 
-    def end(self) -> None:
-        """The call answered (or failed); from now on the heartbeat judges its leases."""
+    def _after_fork(self) -> None:
+        # The parent's leases are the parent's; the condition may have been held mid-fork.
+        self._start_empty()
+
+    def _next_due(self) -> list[Lease]:
+        """Wait for the earliest deadline; return the leases whose deadline has passed."""
         with self._cond:
-            self._busy = False
+            while True:
+                now = clock()
+                due: list[Lease] = []
+                while self._heap:
+                    when, _, lease = self._heap[0]
+                    if lease.closed or lease.lost_event.is_set():
+                        heapq.heappop(self._heap)
+                        if lease.closed:
+                            self._closed = max(0, self._closed - 1)
+                    elif lease.valid_until > when:  # confirmed since: watch the new deadline
+                        heapq.heapreplace(self._heap, (lease.valid_until, next(self._seq), lease))
+                    elif when <= now:
+                        heapq.heappop(self._heap)
+                        due.append(lease)
+                    else:
+                        break
+                if due:
+                    self._wake_at = -math.inf
+                    return due
+                self._wake_at = self._heap[0][0] if self._heap else math.inf
+                self._cond.wait(None if not self._heap else self._wake_at - now)
 
     def _run(self) -> None:
-        watched_call = 0
+        mark_background()
         while True:
-            watched_call = self._next_call(watched_call)
-            try:
-                self._watch(watched_call)
-            except BaseException:  # the thread must go on watching the next call
-                logger.exception("The django-tasklock watchdog failed.")
-
-    def _next_call(self, after: int) -> int:
-        with self._cond:
-            while not (self._busy and self._call != after):
-                self._cond.wait()
-            return self._call
-
-    def _still_under_way(self, call: int, until: float, not_before: float = 0.0) -> bool:
-        """Wait until ``until`` (or a lease added, from ``not_before``) unless ``call``
-        ends first; whether it is still under way."""
-        with self._cond:
-            while self._busy and self._call == call:
-                now = clock()
-                if now >= until or (self._look_again and now >= not_before):
-                    self._look_again = False
-                    return True
-                self._cond.wait((not_before if self._look_again else until) - now)
-            return False
-
-    def _watch(self, call: int) -> None:
-        """Declare leases as their deadlines pass, for as long as ``call`` is under way.
-
-        The leases are looked at again at each deadline, when one is added,
-        and at least every :data:`RELOOK` seconds; never more often than every
-        :data:`MIN_GAP` seconds, and not before the call has lasted that long:
-        most calls answer sooner, and then no lease is looked at at all.
-        """
-        if not self._still_under_way(call, clock() + MIN_GAP):
-            return  # the usual case: the call answered in time
-        while True:
-            watched = [
-                lease
-                for lease in self._leases()
-                if not (lease.closed or lease.lost or lease.capped)
-            ]
-            earliest = min((lease.valid_until for lease in watched), default=math.inf)
-            now = clock()
-            until = max(now + MIN_GAP, min(earliest, now + RELOOK))
-            if not self._still_under_way(call, until, not_before=now + MIN_GAP):
-                return
-            capped: list[Lease] = []
-            lost: list[Lease] = []
-            with self._cond:
-                if not (self._busy and self._call == call):
-                    return
-                # Marked while the call is surely under way: the heartbeat
-                # reads the answer only after end(), which waits for this lock.
-                now = clock()
-                for lease in watched:
-                    if lease.closed or lease.valid_until > now:
-                        continue
-                    if lease.valid_until >= lease.deadline:
-                        capped.append(lease)
-                    elif lease.mark_lost():
-                        lost.append(lease)
-            for lease in capped:
-                lease.reach_max_lifetime()
-            for lease in lost:
+            for lease in self._next_due():
+                # Reading ``lost`` declares it, by the rule every reader applies;
+                # a lease confirmed meanwhile is watched again.
                 try:
-                    lease.announce_loss(NOT_CONFIRMED)
-                except BaseException:  # even SystemExit from a receiver: announce the others
-                    logger.exception("Announcing the loss of %r failed.", lease.key)
+                    if not lease.lost and not lease.closed:
+                        self.add(lease)
+                except BaseException:  # the thread must go on watching the others
+                    log(
+                        logging.ERROR, "Declaring the loss of %r failed.", lease.key, exc_info=True
+                    )
+
+
+_watcher = DeadlineWatcher()
+os.register_at_fork(after_in_child=_watcher._after_fork)
+
+
+def watcher() -> DeadlineWatcher:
+    """The process's deadline watcher."""
+    return _watcher

@@ -106,8 +106,8 @@ def _pause_while_held(
             paused_at = clock()
             admin.client_pause(int(PAUSE * 1000), all=True)
             # The lease is known live until at most the pause + ttl: lost by then.
-            while not lock.lost and clock() < paused_at + PAUSE:
-                time.sleep(0.01)
+            while not (lock.lost and lost_at) and clock() < paused_at + PAUSE:
+                time.sleep(0.01)  # lock_lost comes from the notifier thread
             assert lost_at, "the holder never declared the loss during the pause"
             assert lost_at[0] - paused_at <= TTL + SLACK
             # Every call another worker makes meanwhile fails within its socket timeout.

@@ -120,6 +120,8 @@ def _assert_lost_within_ttl(lock: Lock, lost_at: list[float], *, since: float) -
     """Wait (at most the block) for ``lock`` to be declared lost: by ``since`` + ttl."""
     while not lock.lost and clock() < since + BLOCKED:
         time.sleep(0.01)
+    while not lost_at and clock() < since + BLOCKED:  # sent by the notifier thread
+        time.sleep(0.01)
     assert lost_at, "the loss was not declared while the heartbeat waited"
     assert lost_at[0] - since <= TTL + SLACK
 

@@ -101,6 +101,7 @@ class LeaseCases:
         backend: BaseBackend,
         key: str,
         caplog: pytest.LogCaptureFixture,
+        signals: SignalRecorder,
     ) -> None:
         taken_after: list[float] = []
 
@@ -112,7 +113,8 @@ class LeaseCases:
                 step=0.05,
             )
             taken_after.append(when - start)
-            wait_until(lambda: "max_lifetime" in caplog.text, timeout=2)
+            # A loss, declared while the work still runs (not found at the release).
+            wait_until(lambda: any(name == "lost" for name, _ in signals.sent), timeout=2)
 
         with caplog.at_level(logging.WARNING, logger="django_tasklock"):
             result = service.run_exclusive(
@@ -121,6 +123,8 @@ class LeaseCases:
         assert 1.0 - SLACK <= taken_after[0] <= 1.0 + SLACK
         assert "max_lifetime" in caplog.text
         assert result.lost
+        lost = [sent for name, sent in signals.sent if name == "lost"]
+        assert [sent["reason"] for sent in lost] == ["max_lifetime"]
 
     # -- 5. reclaim --------------------------------------------------------------
 

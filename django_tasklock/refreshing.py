@@ -1,0 +1,152 @@
+"""One tick of the heartbeat for one backend: send the refreshes due, read the answers.
+
+Split from ``heartbeat`` (which schedules the leases) for size; the
+:class:`~django_tasklock.heartbeat.Heartbeat` is the only subclass.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from django_tasklock.backends.base import Refresh
+from django_tasklock.lease import clock
+from django_tasklock.notifier import log
+from django_tasklock.reasons import TAKEN
+
+if TYPE_CHECKING:
+    from django_tasklock.backends.base import BaseBackend
+    from django_tasklock.lease import Lease
+
+# Leases found not ours in one answer that get a look to tell "taken" from
+# "released_by_operator" (one peek each, on this thread); the rest are "taken".
+_LOOKS_PER_TICK = 8
+
+
+class BatchRefresher:
+    """The heartbeat's refreshing of one batch, on its thread, under its condition."""
+
+    _cond: threading.Condition
+    _touched: dict[int, BaseBackend]
+    _waiting: int  # releases waiting for a refresh under way
+
+    def _beat(self, leases: list[Lease]) -> list[Lease]:
+        """Refresh ``leases`` (all of one backend) in one call; return those to refresh again.
+
+        Meanwhile the deadline watcher judges every lease by its
+        ``valid_until``. A lease being refreshed is marked ``refreshing``
+        until the answer, so that a release can wait for it (see ``Heartbeat.remove``).
+        """
+        live, looked, answers = self._send(leases)
+        if isinstance(answers, Exception):
+            return looked + self._failed(live, answers)
+        again: list[Lease] = looked
+        looks = _LOOKS_PER_TICK
+        for lease, still_ours in zip(live, answers, strict=True):
+            if lease.closed:
+                continue
+            if not still_ours:
+                if not lease.lost_event.is_set():
+                    looks -= 1
+                    lease.declare(lease.found_not_ours() if looks >= 0 else TAKEN)
+                continue
+            # Still ours, even if declared lost by its deadline while the call
+            # was under way: nobody held the key meanwhile, so keep it.
+            lease.valid_until = lease.confirmed_until
+            again.append(lease)
+        return again
+
+    def _send(
+        self, leases: list[Lease]
+    ) -> tuple[list[Lease], list[Lease], list[bool] | Exception]:
+        """Settle pending releases and send the refreshes due.
+
+        Returns the leases refreshed, those only looked at, and the answers
+        (or the error the call failed with).
+        """
+        now = clock()
+        backend = leases[0].backend
+        with self._cond:
+            self._touched[id(backend)] = backend  # the thread may open connections now
+        live: list[Lease] = []
+        looked: list[Lease] = []  # waiting for their caller's transaction, not due yet
+        # Seconds of (refresh_interval, ttl) per options object: most leases share one.
+        seconds: dict[int, tuple[float, float]] = {}
+        for lease in leases:
+            if lease.pending is not None:
+                try:
+                    if lease.pending.settle():
+                        continue  # the caller's transaction ended: released
+                except BaseException:  # the thread must go on, and so must the others
+                    log(
+                        logging.ERROR,
+                        "The django-tasklock heartbeat failed on %r.",
+                        lease.key,
+                        exc_info=True,
+                    )
+                    looked.append(lease)
+                    continue
+                if now < lease.next_due:
+                    looked.append(lease)  # only a look: no refresh due yet
+                    continue
+            options = lease.options
+            known = seconds.get(id(options))
+            if known is None:
+                known = seconds[id(options)] = (
+                    options.refresh_interval.total_seconds(),
+                    options.ttl.total_seconds(),
+                )
+            if now >= lease.deadline:
+                lease.lost  # noqa: B018 - declared by its deadline, if not yet
+                continue  # the storage would not extend it any more
+            if lease.pending is None and lease.stalled(now):  # progress_timeout passed
+                if now < lease.valid_until:
+                    lease.next_due = lease.valid_until  # not refreshed: looked at as it runs out
+                    looked.append(lease)
+                else:
+                    lease.lost  # noqa: B018 - declared by its deadline, if not yet
+                continue
+            lease.next_due = min(now + known[0], lease.deadline)
+            # What this refresh confirms, if it does: the storage dates it after now.
+            lease.confirmed_until = min(now + known[1], lease.deadline)
+            live.append(lease)
+        with self._cond:
+            # Released meanwhile: not sent. The others are waited for by a
+            # release that must not be overtaken (see remove()).
+            live = [lease for lease in live if not lease.closed]
+            for lease in live:
+                lease.refreshing = True
+        if not live:
+            return live, looked, []
+        try:
+            answers = backend.refresh_many(
+                [Refresh(x.key, x.token, x.options.ttl, x.options.max_lifetime) for x in live]
+            )
+        except Exception as error:
+            return live, looked, error
+        finally:
+            with self._cond:
+                for lease in live:
+                    lease.refreshing = False
+                if self._waiting:
+                    self._cond.notify_all()
+        return live, looked, answers
+
+    def _failed(self, leases: list[Lease], error: Exception) -> list[Lease]:
+        """After a failed refresh: logged, and the leases not lost retried at their interval.
+
+        Those past their deadline are lost (declared by the deadline watcher,
+        or here) and no longer refreshed.
+        """
+        again = [lease for lease in leases if not (lease.closed or lease.lost)]
+        if again:
+            log(
+                logging.WARNING,
+                "Refreshing task lock %r%s failed; retrying in %.1f s.",
+                again[0].key,
+                f" and {len(again) - 1} more" if len(again) > 1 else "",
+                again[0].options.refresh_interval.total_seconds(),
+                exc_info=error,
+            )
+        return again
