@@ -178,7 +178,9 @@ class BaseBackend(abc.ABC):
         Without it, the lease holding the key now is. Either way the deletion
         is bound to that lease's token, so a re-sent deletion never ends a
         successor's lease. Returns the lease ended, or None when there was
-        none to end.
+        none to end (or not the one named). A deletion that finds that lease
+        already gone still returns it: its reply may have been lost and the
+        deletion sent again, and either way the lease seen is over.
         """
 
     @abc.abstractmethod

@@ -140,10 +140,12 @@ class OperationCases:
         token = new_token()
         assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
         shown = backend.peek(key)
-        assert shown is not None and shown.lease == lease_id(token)
+        assert shown is not None
+        assert shown.lease == lease_id(token)
         assert token not in repr(shown), "the token is never shown"
         released = backend.force_release(key, shown.lease)
-        assert released is not None and released.lease == shown.lease
+        assert released is not None
+        assert released.lease == shown.lease
         assert backend.peek(key) is None
         assert backend.force_release(key, shown.lease) is None, "nothing left to end"
         assert backend.force_release(key) is None
@@ -159,11 +161,13 @@ class OperationCases:
         assert backend.acquire(key, second, ttl=LONG, max_lifetime=LIFE)
         assert backend.force_release(key, shown.lease) is None
         now = backend.peek(key)
-        assert now is not None and now.lease == lease_id(second) != shown.lease
+        assert now is not None
+        assert now.lease == lease_id(second) != shown.lease
         assert backend.refresh(key, second, ttl=LONG, max_lifetime=LIFE)
         # Without a lease named, the holder of the moment is released, and named.
         released = backend.force_release(key)
-        assert released is not None and released.lease == lease_id(second)
+        assert released is not None
+        assert released.lease == lease_id(second)
         assert not backend.refresh(key, second, ttl=LONG, max_lifetime=LIFE)
 
     # -- bad input ---------------------------------------------------------------------

@@ -233,7 +233,12 @@ class DatabaseBackend(BaseBackend):
     @names_missing_table
     @retry_when_busy
     def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
-        """Look at the live row, then delete it by the token seen: never a successor's."""
+        """Look at the live row, then delete it by the token seen: never a successor's.
+
+        The lease seen is returned even if the deletion found it gone: a
+        deletion re-sent after a lost reply finds nothing, though the first
+        one ended it.
+        """
         stored = storage_key(key)
         with alias_for_writing(self.using) as alias:
             row = db_rows.live(self._model(), alias).filter(key=stored).first()
@@ -242,7 +247,8 @@ class DatabaseBackend(BaseBackend):
         found = db_rows.held(row)
         if lease is not None and found.lease != lease:
             return None
-        return found if self._delete_lease(stored, row.value) else None
+        self._delete_lease(stored, row.value)
+        return found
 
     @retry_on_new_connection
     @retry_when_busy

@@ -202,13 +202,18 @@ class RedisBackend(BaseBackend):
         return None if reply is None else int(reply)
 
     def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
-        """Look, then delete by the token seen (the ``evict`` script): never a successor's."""
+        """Look, then delete by the token seen (the ``evict`` script): never a successor's.
+
+        The lease seen is returned even if ``evict`` found it gone (a retry
+        of a command whose reply was lost finds nothing; the first ended it).
+        """
         stored = storage_key(key)
         reply = self._run("inspect", stored, _STALE_MS)
         found = self._held(key, reply)
         if found is None or (lease is not None and found.lease != lease):
             return None
-        return found if self._run("evict", stored, _text(reply[0])) else None
+        self._run("evict", stored, _text(reply[0]))
+        return found
 
     def _run_all(self, name: str, *args: Any) -> list[tuple[str, Any]]:
         """Run a script on every key in the namespace: (caller's key, reply) by key."""
