@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from django_tasklock.aio import keep, off_loop
 from django_tasklock.backends import get_backend
-from django_tasklock.backends.base import BaseBackend, Holder
+from django_tasklock.backends.base import BaseBackend, Holder, Released
 from django_tasklock.exceptions import LockNotAcquired
 from django_tasklock.heartbeat import heartbeat
 from django_tasklock.lease import Lease, clock, new_token
@@ -277,11 +277,14 @@ class Lock:
             self._send_release(lease)
 
     def _send_release(self, lease: Lease) -> None:
+        sent_at = clock()
         try:
             if self.min_hold is None:
-                released = lease.backend.release(lease.key, lease.token)
+                found = lease.backend.release_outcome(lease.key, lease.token)
             else:
-                released = lease.backend.release(lease.key, lease.token, min_hold=self.min_hold)
+                found = lease.backend.release_outcome(
+                    lease.key, lease.token, min_hold=self.min_hold
+                )
         except Exception:
             logger.warning(
                 "Releasing task lock %r failed; the lease will expire by itself.",
@@ -291,7 +294,9 @@ class Lock:
             if clock() > lease.valid_until:
                 lease.report_lost("release, after the lease could have run out")
             return
-        if released:
+        # Gone, and nobody else's: ended by this release sent twice (its reply
+        # lost), unless the lease could have run out before it was sent.
+        if found is Released.RELEASED or (found is Released.GONE and sent_at <= lease.valid_until):
             lease.announce(lock_released)
         else:
             lease.report_lost("release")

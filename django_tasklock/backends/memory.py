@@ -61,8 +61,9 @@ class MemoryBackend(BaseBackend):
         """
         with self._lock:
             now = self._clock()
-            if self._live(key, now) is not None:
-                return False
+            live = self._live(key, now)
+            if live is not None:
+                return live.token == token
             lease_seconds = min(ttl, max_lifetime).total_seconds()
             self._leases[key] = _Lease(token=token, acquired=now, expires=now + lease_seconds)
             return True

@@ -32,13 +32,21 @@ from django_tasklock.testing.cases_fencing import FencingCases
 from django_tasklock.testing.cases_lease import LeaseCases
 from django_tasklock.testing.cases_lock import LockCases
 from django_tasklock.testing.cases_operations import OperationCases
+from django_tasklock.testing.cases_resend import ResendCases
 from django_tasklock.testing.support import ContractBackend, SignalRecorder
 
 __all__ = ["BackendContract", "ContractBackend"]
 
 
 class BackendContract(
-    ExclusionCases, LeaseCases, FailureCases, OperationCases, ClockCases, LockCases, FencingCases
+    ExclusionCases,
+    LeaseCases,
+    FailureCases,
+    OperationCases,
+    ClockCases,
+    LockCases,
+    FencingCases,
+    ResendCases,
 ):
     """The README's "What you can rely on", items 1 to 10, against ``contract_backend``."""
 

@@ -207,6 +207,8 @@ class FaultProxy:
                 except OSError:
                     client.close()
                     continue
+                for sock in (client, server):  # forward each write as it comes
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 pipe = _Pipe(client, server)
                 with self._lock:
                     self._pipes.add(pipe)

@@ -31,6 +31,7 @@ from django_tasklock.backends.base import (
     HeldLock,
     Holder,
     Refresh,
+    Released,
     caller_key,
     lease_id,
     storage_key,
@@ -190,8 +191,19 @@ class RedisBackend(BaseBackend):
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
         """Delete the lease held by ``token``; with ``min_hold``, ``PEXPIRE`` it to end
         at acquisition + ``min_hold`` (by the server's clock) while that is ahead."""
+        return self.release_outcome(key, token, min_hold=min_hold) is Released.RELEASED
+
+    def release_outcome(
+        self, key: str, token: str, *, min_hold: timedelta | None = None
+    ) -> Released:
+        """:meth:`release`; ``GONE`` whenever the key is gone.
+
+        Redis drops an expired key, and a client that retries may have run
+        the script already: a missing key cannot be told from either.
+        """
         hold_ms = 0 if min_hold is None else _ms(min_hold)
-        return bool(self._run("release", storage_key(key), token, hold_ms))
+        reply = int(self._run("release", storage_key(key), token, hold_ms))
+        return {1: Released.RELEASED, 2: Released.GONE}.get(reply, Released.LOST)
 
     def fence(self, key: str, token: str) -> int | None:
         """``INCR tasklock-fence:<key>`` in the same script that checks the lease."""
