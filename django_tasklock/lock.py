@@ -93,7 +93,8 @@ class Lock:
 
     @property
     def lost(self) -> bool:
-        """True once a refresh or the release found the lease gone or someone else's."""
+        """True once a refresh found the lease gone or someone else's, or the release
+        found it someone else's or gone after it could have run out."""
         return self._lease is not None and self._lease.lost
 
     # -- sync ------------------------------------------------------------------
@@ -130,8 +131,10 @@ class Lock:
         Inside the caller's ``transaction.atomic()`` the lease is kept (and
         refreshed) until that transaction commits or rolls back, so the next
         holder sees the work's effects. A failed release is logged and the
-        lease left to expire; finding the lease gone or someone else's marks
-        it ``lost``. Never raises for the storage's sake. Raises
+        lease left to expire; finding the key someone else's, or the lease
+        gone after it could have run out, marks it ``lost`` (gone before
+        that, this release may have ended it, sent twice after its reply was
+        lost: not a loss). Never raises for the storage's sake. Raises
         ``RuntimeError`` if this lock is not held.
         """
         lease = self._lease

@@ -192,8 +192,8 @@ def test_acquire_whose_reply_was_lost_is_acquired_not_held(
 
 # -- 4. at volume ----------------------------------------------------------------
 
-OPERATIONS = int(os.environ.get("OPS", 10_000))
-DROP_RATE = float(os.environ.get("DROPS", 0.03))
+OPERATIONS = 10_000
+DROP_RATE = 0.03
 KEYS = 4
 
 
