@@ -13,13 +13,16 @@ arm a fault:
 * :meth:`FaultProxy.blackhole`: forward nothing more either way, leaving the
   connections open (a network that stopped answering), until :meth:`heal`.
 
-Example, with a Redis client whose retries re-send the lost call::
+Example, with a redis-py client that retries a command whose connection
+broke (``redis.Redis(...)`` does, 10 times by default in redis-py 8)::
 
     with FaultProxy(("127.0.0.1", 6379)) as proxy:
-        backend = RedisBackend(url=f"redis://127.0.0.1:{proxy.port}/15")
-        proxy.drop_reply(match=b"task-lock:report")
-        assert backend.acquire("report", token, ttl=ttl, max_lifetime=life)
-        assert proxy.dropped == 1
+        client = redis.Redis(host=proxy.host, port=proxy.port, db=15)
+        backend = RedisBackend(client=client)
+        proxy.drop_reply(match=b"task-lock:report")  # the acquisition's request
+        token, ttl = new_token(), timedelta(seconds=30)
+        assert backend.acquire("report", token, ttl=ttl, max_lifetime=ttl)
+        assert proxy.dropped == 1  # it ran twice; the second found its own lease
 
 Requests are matched by a byte string they contain (or a predicate), read
 from the client as they arrive: a request of a few kilobytes arrives in one
@@ -217,6 +220,7 @@ class FaultProxy:
                     threading.Thread(target=self._pump, args=args, daemon=True).start()
         finally:
             self._stop.set()
+            self._listener.close()
             with self._lock:
                 pipes = list(self._pipes)
             for pipe in pipes:
