@@ -57,6 +57,8 @@ class MemoryBackend(BaseBackend):
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         """Take ``key`` unless a live lease holds it; expired or 24 h old ones are taken over.
 
+        A live lease of ``token`` itself answers True (the acquisition sent again).
+
         The first lease lasts ``min(ttl, max_lifetime)``, so even it respects the cap.
         """
         with self._lock:
