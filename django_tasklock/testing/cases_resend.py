@@ -1,8 +1,9 @@
 """Contract cases: a call sent twice has the outcome of sending it once.
 
-A reply lost after the storage acted makes a call go out again (the
-backend's own retry, or the client library's). The second sending must not
-turn a won acquisition into a lease nobody runs, nor end another's lease.
+README, "What you can rely on", item 11. A reply lost after the storage
+acted makes a call go out again (the backend's own retry, or the client
+library's). The second sending must not turn a won acquisition into a lease
+nobody runs, nor end another's lease.
 ``django_tasklock.testing.proxy.FaultProxy`` loses replies for real; these
 cases send the same call twice, which is what the storage sees then.
 """
