@@ -1,4 +1,7 @@
-"""Backends whose every call goes through a :class:`FaultProxy` (tests/test_sent_twice.py).
+"""Backends whose every call goes through a :class:`FaultProxy` (tests/test_sent_twice*.py).
+
+The fixtures ``storage`` (each of :data:`PROXIED`), ``proxy`` and ``direct``
+(the same storage, not proxied) are imported by the tests that use them.
 
 A database alias ``<alias>_proxied`` is registered for the calling thread
 only: the test database's settings with the proxy's host and port (the
@@ -16,10 +19,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
+import pytest
 from django.conf import settings
 from django.db import connections
 
-from django_tasklock.backends.base import BaseBackend
+from django_tasklock.backends.base import BaseBackend, storage_key
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.database.connections import add_thread_connection
 from django_tasklock.testing.proxy import FaultProxy
@@ -80,3 +84,31 @@ def statement_of(name: str, backend: BaseBackend, script: str, sql: bytes) -> by
         sha: str = backend._scripts[script].sha  # type: ignore[attr-defined]
         return sha.encode()
     return sql
+
+
+@pytest.fixture(params=PROXIED)
+def storage(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def proxy(storage: str) -> Iterator[FaultProxy]:
+    with FaultProxy(upstream(storage), lifetime=120) as running:
+        yield running
+
+
+@pytest.fixture
+def direct(storage: str, key: str) -> Iterator[BaseBackend]:
+    """The same storage, not through the proxy: the other workers."""
+    if storage != "redis":
+        yield DatabaseBackend(using=storage)
+        return
+    import redis
+
+    from django_tasklock.backends.redis import RedisBackend
+
+    assert settings.REDIS_URL is not None
+    yield RedisBackend(url=settings.REDIS_URL)
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(*[stored for stored in client.scan_iter(match=storage_key(key) + "*")] or [key])
