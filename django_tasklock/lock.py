@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from django_tasklock import loss, notifier
 from django_tasklock.aio import keep, off_loop, refuse_event_loop
 from django_tasklock.backends import get_backend
-from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
+from django_tasklock.backends.base import BaseBackend, HeldLock, Holder, Released
 from django_tasklock.exceptions import LockNotAcquired
 from django_tasklock.heartbeat import heartbeat
 from django_tasklock.lease import Lease, clock, new_token
@@ -107,8 +107,9 @@ class Lock(loss.ActsOnLoss):
 
     @property
     def lost(self) -> bool:
-        """True from the lease's local deadline on, or once a refresh or the release
-        found it gone or someone else's (see ``Lease.lost``); no storage call."""
+        """True from the lease's local deadline on, or once a refresh found it gone or
+        someone else's, or the release found it someone else's (or gone after it
+        could have run out); see ``Lease.lost``. No storage call."""
         return self._lease is not None and self._lease.lost
 
     # -- sync ------------------------------------------------------------------
@@ -147,8 +148,10 @@ class Lock(loss.ActsOnLoss):
         Inside the caller's ``transaction.atomic()`` the lease is kept (and
         refreshed) until that transaction commits or rolls back, so the next
         holder sees the work's effects. A failed release is logged and the
-        lease left to expire; finding the lease gone or someone else's marks
-        it ``lost``. Never raises for the storage's sake. Raises
+        lease left to expire; finding the key someone else's, or the lease
+        gone after it could have run out, marks it ``lost`` (gone before
+        that, this release may have ended it, sent twice after its reply was
+        lost: not a loss). Never raises for the storage's sake. Raises
         ``RuntimeError`` if this lock is not held.
         """
         lease = self._lease
@@ -319,11 +322,14 @@ class Lock(loss.ActsOnLoss):
             self._send_release(lease)
 
     def _send_release(self, lease: Lease) -> None:
+        sent_at = clock()
         try:
             if self.min_hold is None:
-                released = lease.backend.release(lease.key, lease.token)
+                found = lease.backend.release_outcome(lease.key, lease.token)
             else:
-                released = lease.backend.release(lease.key, lease.token, min_hold=self.min_hold)
+                found = lease.backend.release_outcome(
+                    lease.key, lease.token, min_hold=self.min_hold
+                )
         except Exception:
             # Possibly on the heartbeat's thread (a rollback found by it): logged there
             # through the notifier, like the signals below.
@@ -334,8 +340,12 @@ class Lock(loss.ActsOnLoss):
                 exc_info=True,
             )
             return
-        if released:
+        # Gone, and nobody else's: ended by this release sent twice (its reply
+        # lost), unless the lease could have run out before it was sent.
+        if found is Released.RELEASED or (found is Released.GONE and sent_at <= lease.valid_until):
             notifier.run(lease.announce, lock_released)
+        elif found is Released.GONE:
+            lease.expire(inline=True)  # it could have run out before the release was sent
         else:
             lease.declare(lease.found_not_ours())
 

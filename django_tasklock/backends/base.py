@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import enum
 import hashlib
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -108,6 +109,20 @@ class Refresh(NamedTuple):
     max_lifetime: timedelta
 
 
+class Released(enum.Enum):
+    """What :meth:`BaseBackend.release_outcome` found."""
+
+    #: This call ended the lease (or, with ``min_hold``, cut it to end then).
+    RELEASED = "released"
+    #: The key is someone else's now, or the lease was found run out: a loss.
+    LOST = "lost"
+    #: Nothing of this token's, and the key is nobody else's: the lease ended
+    #: before (ran out, force-released), or this very release, sent before,
+    #: ended it and its reply was lost. The storage cannot tell which; the
+    #: caller, who knows whether the lease could have run out, decides.
+    GONE = "gone"
+
+
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
     """What a backend can promise, so the contract suite asks only that.
@@ -144,7 +159,9 @@ class BaseBackend(abc.ABC):
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         """Store a lease for ``key`` held by ``token``, ending ``ttl`` from now.
 
-        Returns False when a live lease of another holder exists. A lease that
+        Returns False when a live lease of another holder exists; True when
+        the live lease is ``token``'s own (this acquisition sent again after
+        its reply was lost, which must not become a lease nobody runs). A lease that
         has expired, or whose holder acquired it more than 24 h ago, is taken
         over. ``max_lifetime`` is recorded or enforced so that no later
         :meth:`refresh` extends the lease past acquisition + ``max_lifetime``.
@@ -185,6 +202,26 @@ class BaseBackend(abc.ABC):
         ``max_lifetime``); it is passed only when the caller asked for it.
         """
 
+    def release_outcome(
+        self, key: str, token: str, *, min_hold: timedelta | None = None
+    ) -> Released:
+        """:meth:`release`, saying what it found: the lock's release calls this.
+
+        A release may be sent twice (its reply lost, the backend or the
+        client library sending it again): the second finds the lease gone,
+        although the first ended it. A backend that can be sent a release
+        twice answers :attr:`Released.GONE` when it finds no lease of
+        ``token`` and the key nobody else's, so that the holder is not told
+        of a loss that did not happen; one that knows the release was sent
+        once only may answer :attr:`Released.LOST` then. This default, for
+        backends written before it, is :meth:`release` (False: ``LOST``).
+        """
+        if min_hold is None:
+            released = self.release(key, token)
+        else:
+            released = self.release(key, token, min_hold=min_hold)
+        return Released.RELEASED if released else Released.LOST
+
     @abc.abstractmethod
     def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
         """End the live lease of ``key`` whoever holds it (operators only).
@@ -194,7 +231,9 @@ class BaseBackend(abc.ABC):
         Without it, the lease holding the key now is. Either way the deletion
         is bound to that lease's token, so a re-sent deletion never ends a
         successor's lease. Returns the lease ended, or None when there was
-        none to end.
+        none to end (or not the one named). A deletion that finds that lease
+        already gone still returns it: its reply may have been lost and the
+        deletion sent again, and either way the lease seen is over.
         """
 
     @abc.abstractmethod

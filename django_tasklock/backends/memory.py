@@ -57,12 +57,15 @@ class MemoryBackend(BaseBackend):
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         """Take ``key`` unless a live lease holds it; expired or 24 h old ones are taken over.
 
+        A live lease of ``token`` itself answers True (the acquisition sent again).
+
         The first lease lasts ``min(ttl, max_lifetime)``, so even it respects the cap.
         """
         with self._lock:
             now = self._clock()
-            if self._live(key, now) is not None:
-                return False
+            live = self._live(key, now)
+            if live is not None:
+                return live.token == token
             lease_seconds = min(ttl, max_lifetime).total_seconds()
             self._leases[key] = _Lease(token=token, acquired=now, expires=now + lease_seconds)
             return True

@@ -1,6 +1,6 @@
 """The contract every backend honours, as a pytest suite.
 
-It tests what the README promises under "What you can rely on", items 1 to 10.
+It tests what the README promises under "What you can rely on", items 1 to 11.
 
 Subclass :class:`BackendContract` and give it a ``contract_backend`` fixture
 returning a :class:`ContractBackend` for your backend::
@@ -32,15 +32,23 @@ from django_tasklock.testing.cases_fencing import FencingCases
 from django_tasklock.testing.cases_lease import LeaseCases
 from django_tasklock.testing.cases_lock import LockCases
 from django_tasklock.testing.cases_operations import OperationCases
+from django_tasklock.testing.cases_resend import ResendCases
 from django_tasklock.testing.support import ContractBackend, SignalRecorder
 
 __all__ = ["BackendContract", "ContractBackend"]
 
 
 class BackendContract(
-    ExclusionCases, LeaseCases, FailureCases, OperationCases, ClockCases, LockCases, FencingCases
+    ExclusionCases,
+    LeaseCases,
+    FailureCases,
+    OperationCases,
+    ClockCases,
+    LockCases,
+    FencingCases,
+    ResendCases,
 ):
-    """The README's "What you can rely on", items 1 to 10, against ``contract_backend``."""
+    """The README's "What you can rely on", items 1 to 11, against ``contract_backend``."""
 
     @pytest.fixture
     def contract_backend(self) -> ContractBackend:  # pragma: no cover - subclasses give it

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django_tasklock.backends.base import BaseBackend, HeldLock
+from django_tasklock.backends.base import BaseBackend, HeldLock, Released
 
 
 class InjectedFault(ConnectionError):
@@ -39,6 +39,13 @@ class FaultyBackend(BaseBackend):
         if min_hold is None:
             return self.inner.release(key, token)
         return self.inner.release(key, token, min_hold=min_hold)
+
+    def release_outcome(
+        self, key: str, token: str, *, min_hold: timedelta | None = None
+    ) -> Released:
+        if self.release_fails:
+            raise InjectedFault("injected release failure")
+        return self.inner.release_outcome(key, token, min_hold=min_hold)
 
     def fence(self, key: str, token: str) -> int | None:
         return self.inner.fence(key, token)

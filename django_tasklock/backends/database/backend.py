@@ -28,7 +28,7 @@ from django.db import Error, IntegrityError, connections
 from django.db.models import F
 from django.db.models.functions import Least
 
-from django_tasklock.backends.base import BaseBackend, HeldLock, Refresh, storage_key
+from django_tasklock.backends.base import BaseBackend, HeldLock, Refresh, Released, storage_key
 from django_tasklock.backends.database import rows as db_rows
 from django_tasklock.backends.database import statements as db_statements
 from django_tasklock.backends.database.checks import check_lock_database
@@ -47,6 +47,7 @@ from django_tasklock.backends.database.fences import (
     upsert_returns,
 )
 from django_tasklock.backends.database.functions import UtcNow
+from django_tasklock.backends.database.releases import end_lease
 from django_tasklock.backends.database.retries import retry_on_new_connection, retry_when_busy
 from django_tasklock.backends.forksafe import ForkSafeLock
 from django_tasklock.conf import conf
@@ -123,7 +124,8 @@ class DatabaseBackend(BaseBackend):
                     continue  # the holder released between our INSERT and our look
                 holder, live = seen
                 if live:
-                    return False
+                    # Our own row: this INSERT sent again after its reply was lost.
+                    return holder == token
                 # Expired or abandoned: delete that holder's row (a token is
                 # never reused, so a new holder's row is safe) and insert again.
                 # The DELETE judges staleness again, by the server's clock: the
@@ -190,28 +192,37 @@ class DatabaseBackend(BaseBackend):
                 ours |= self._test_leases
         return [(key, item.token) in ours for key, item in zip(stored, items, strict=True)]
 
-    @names_missing_table
-    @retry_on_new_connection
-    @retry_when_busy
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
+        return self.release_outcome(key, token, min_hold=min_hold) is Released.RELEASED
+
+    @names_missing_table
+    def release_outcome(
+        self, key: str, token: str, *, min_hold: timedelta | None = None
+    ) -> Released:
+        """``GONE`` only when the release was sent again on a new connection (``releases``)."""
         stored = storage_key(key)
         if self._test_leases:
             with self._test_leases_lock:
                 self._test_leases.discard((stored, token))
+        sends: list[None] = []
+        return self._send_release(stored, token, min_hold, sends)
+
+    @retry_on_new_connection
+    def _send_release(
+        self, stored: str, token: str, min_hold: timedelta | None, sends: list[None]
+    ) -> Released:
+        sends.append(None)
+        return self._release_once(stored, token, min_hold, sent_before=len(sends) > 1)
+
+    @retry_when_busy  # a busy or deadlocked statement was rolled back: it did nothing
+    def _release_once(
+        self, stored: str, token: str, min_hold: timedelta | None, *, sent_before: bool
+    ) -> Released:
         with alias_for_writing(self.using) as alias:
-            if min_hold is not None:
-                # Held until created_at + min_hold, by the server's clock: cut the
-                # lease to end then, while that is still ahead; else delete it.
-                ours = self._model().objects.using(alias).filter(key=stored, value=token)
-                young = ours.filter(expires_at__gt=UtcNow(), created_at__gt=UtcNow() - min_hold)
-                if young.update(expires_at=F("created_at") + min_hold):
-                    return True
-            live, any_row = self._release_statements(alias)
-            if live.run(alias, stored, token):
-                return True
-            # Not live: lost. Still clear our own expired row, if it is there.
-            any_row.run(alias, stored, token)
-            return False
+            deletes = self._release_statements(alias)
+            return end_lease(
+                self._model(), alias, deletes, stored, token, min_hold, sent_before=sent_before
+            )
 
     @names_missing_table
     @retry_when_busy  # not on a new connection: a fence sent twice would count twice
@@ -233,7 +244,12 @@ class DatabaseBackend(BaseBackend):
     @names_missing_table
     @retry_when_busy
     def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
-        """Look at the live row, then delete it by the token seen: never a successor's."""
+        """Look at the live row, then delete it by the token seen: never a successor's.
+
+        The lease seen is returned even if the deletion found it gone: a
+        deletion re-sent after a lost reply finds nothing, though the first
+        one ended it.
+        """
         stored = storage_key(key)
         with alias_for_writing(self.using) as alias:
             row = db_rows.live(self._model(), alias).filter(key=stored).first()
@@ -242,7 +258,8 @@ class DatabaseBackend(BaseBackend):
         found = db_rows.held(row)
         if lease is not None and found.lease != lease:
             return None
-        return found if self._delete_lease(stored, row.value) else None
+        self._delete_lease(stored, row.value)
+        return found
 
     @retry_on_new_connection
     @retry_when_busy

@@ -32,6 +32,7 @@ from django_tasklock.backends.base import (
     HeldLock,
     Holder,
     Refresh,
+    Released,
     caller_key,
     lease_id,
     storage_key,
@@ -199,8 +200,19 @@ class RedisBackend(BaseBackend):
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
         """Delete the lease held by ``token``; with ``min_hold``, ``PEXPIRE`` it to end
         at acquisition + ``min_hold`` (by the server's clock) while that is ahead."""
+        return self.release_outcome(key, token, min_hold=min_hold) is Released.RELEASED
+
+    def release_outcome(
+        self, key: str, token: str, *, min_hold: timedelta | None = None
+    ) -> Released:
+        """:meth:`release`; ``GONE`` whenever the key is gone.
+
+        Redis drops an expired key, and a client that retries may have run
+        the script already: a missing key cannot be told from either.
+        """
         hold_ms = 0 if min_hold is None else _ms(min_hold)
-        return bool(self._run("release", storage_key(key), token, hold_ms))
+        reply = int(self._run("release", storage_key(key), token, hold_ms))
+        return {1: Released.RELEASED, 2: Released.GONE}.get(reply, Released.LOST)
 
     def fence(self, key: str, token: str) -> int | None:
         """``INCR tasklock-fence:<key>`` in the same script that checks the lease.
@@ -216,13 +228,18 @@ class RedisBackend(BaseBackend):
         return None if reply is None else int(reply)
 
     def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
-        """Look, then delete by the token seen (the ``evict`` script): never a successor's."""
+        """Look, then delete by the token seen (the ``evict`` script): never a successor's.
+
+        The lease seen is returned even if ``evict`` found it gone (a retry
+        of a command whose reply was lost finds nothing; the first ended it).
+        """
         stored = storage_key(key)
         reply = self._run("inspect", stored, _STALE_MS)
         found = self._held(key, reply)
         if found is None or (lease is not None and found.lease != lease):
             return None
-        return found if self._run("evict", stored, _text(reply[0])) else None
+        self._run("evict", stored, _text(reply[0]))
+        return found
 
     def _run_all(self, name: str, *args: Any) -> list[tuple[str, Any]]:
         """Run a script on every key in the namespace: (caller's key, reply) by key."""

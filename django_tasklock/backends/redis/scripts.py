@@ -34,7 +34,8 @@ end
 #: SCAN-based listing and sweeping never see them; they have no TTL.
 FENCE_PREFIX = "tasklock-fence:"
 SCRIPTS = {
-    # ARGV: token, lease_ms, stale_ms. 1 if acquired.
+    # ARGV: token, lease_ms, stale_ms. 1 if acquired, also when the lease is
+    # already this token's (this script run again after its reply was lost).
     "acquire": """
 local now = now_ms()
 local value = ARGV[1] .. '@' .. string.format('%.0f', now)
@@ -43,6 +44,7 @@ if is_free(KEYS[1], now, tonumber(ARGV[3])) then
   redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
   return 1
 end
+if parse(redis.pcall('GET', KEYS[1])) == ARGV[1] then return 1 end
 return 0
 """,
     # ARGV: token, ttl_ms, max_lifetime_ms. 0 if the lease is lost.
@@ -72,8 +74,11 @@ end
 return out
 """,
     # ARGV: token, min_hold_ms (0: none). 1 if ended (deleted, or cut to end at
-    # acquisition + min_hold while that is still ahead).
+    # acquisition + min_hold while that is still ahead); 0 if the key is
+    # someone else's; 2 if it is gone (expired, or this script run again
+    # after its reply was lost: Redis cannot tell).
     "release": """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 2 end
 local token, at = parse(redis.pcall('GET', KEYS[1]))
 if token ~= ARGV[1] then return 0 end
 local hold = tonumber(ARGV[2])

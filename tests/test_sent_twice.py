@@ -1,0 +1,169 @@
+"""Every lock call sent twice has the outcome of sending it once.
+
+A reply lost after the storage acted makes the call go out again: the
+database backend re-sends a release (or a force release's deletion) on a new
+connection, and redis-py retries a command whose connection broke. Through a
+:class:`FaultProxy` that lets the request through and drops the connection
+before the reply arrives, on PostgreSQL, MariaDB and Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import pytest
+from django.db import DatabaseError
+
+from django_tasklock.backends.base import BaseBackend, lease_id, storage_key
+from django_tasklock.service import TaskLockService, new_token
+from django_tasklock.signals import lock_lost, lock_released
+from django_tasklock.testing.proxy import FaultProxy
+from django_tasklock.testing.support import LIFE, LONG, SignalRecorder, wait_until
+from tests import proxied
+from tests.proxied import proxied_backend, statement_of
+
+# The fixtures (see tests/proxied.py).
+storage, proxy, direct = proxied.storage, proxied.proxy, proxied.direct
+
+pytestmark = pytest.mark.databases
+
+
+def a_write_of(storage: str, backend: BaseBackend, key: str) -> Callable[[bytes], bool]:
+    """The request that deletes ``key``: a DELETE, or any Redis command on it but a look."""
+    if storage != "redis":
+        return lambda data: b"DELETE" in data
+    inspect = statement_of(storage, backend, "inspect", b"")
+    stored = storage_key(key).encode()
+    return lambda data: stored in data and inspect not in data
+
+
+# -- 1. force release ------------------------------------------------------------
+
+
+def test_force_release_whose_reply_was_lost_never_ends_the_successors_lease(
+    storage: str, proxy: FaultProxy, direct: BaseBackend, key: str
+) -> None:
+    first, successor = new_token(), new_token()
+    with proxied_backend(storage, proxy) as operator:
+        assert direct.acquire(key, first, ttl=LONG, max_lifetime=LIFE)
+        deletion = a_write_of(storage, operator, key)
+        proxy.drop_reply(match=deletion)
+        proxy.delay(2.0, match=deletion)  # the re-send waits while a successor takes the key
+        took: list[bool] = []
+
+        def successor_takes() -> None:
+            try:
+                wait_until(lambda: proxy.dropped == 1, timeout=20)
+                took.append(direct.acquire(key, successor, ttl=LONG, max_lifetime=LIFE))
+            finally:
+                direct.close()  # this thread's connection
+
+        thread = threading.Thread(target=successor_takes)
+        thread.start()
+        released = operator.force_release(key)
+        thread.join(30)
+    assert took == [True], "the first deletion did not happen, or the successor could not take"
+    assert (proxy.dropped, proxy.delayed) == (1, 1), "the deletion was not sent twice"
+    held = direct.peek(key)
+    assert held is not None, "the re-sent deletion ended the successor's lease"
+    assert held.lease == lease_id(successor)
+    assert direct.refresh(key, successor, ttl=LONG, max_lifetime=LIFE)
+    # The lease the operator's call ended is named, although its reply was lost.
+    assert released, "a force release that ended the lease said it ended nothing"
+    assert released.lease == lease_id(first)
+    assert direct.release(key, successor)
+
+
+# -- 2. release ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("min_hold", [None, 20.0], ids=["release", "min_hold"])
+def test_release_whose_reply_was_lost_is_not_a_loss(
+    storage: str,
+    proxy: FaultProxy,
+    direct: BaseBackend,
+    key: str,
+    min_hold: float | None,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    signals = SignalRecorder()
+    lock_lost.connect(signals, weak=False)
+    lock_released.connect(signals, weak=False)
+    try:
+        with proxied_backend(storage, proxy) as backend:
+            # No refresh comes due: the heartbeat's thread does not see the proxied alias.
+            lock = TaskLockService(backend).lock(key, ttl=LONG, min_hold=min_hold)
+            with caplog.at_level(logging.WARNING, logger="django_tasklock"):
+                lock.acquire()
+                proxy.drop_reply(match=statement_of(storage, backend, "release", b"task-lock:"))
+                lock.release()
+    finally:
+        lock_lost.disconnect(signals)
+        lock_released.disconnect(signals)
+    assert proxy.dropped == 1, "the release's reply was not lost"
+    assert not lock.lost
+    assert "was lost" not in caplog.text
+    assert [name for name, _ in signals.sent] == ["released"]
+    held = direct.peek(key)
+    if min_hold is None:
+        assert held is None
+    else:  # kept until acquisition + min_hold, by the first send
+        assert held is not None
+        assert 15 < held.seconds_left <= min_hold
+
+
+def test_release_sent_again_after_a_successor_took_the_key_is_a_loss(
+    storage: str, proxy: FaultProxy, direct: BaseBackend, key: str
+) -> None:
+    """The other side of the rule: a key that is someone else's is a loss, re-sent or not."""
+    successor = new_token()
+    with proxied_backend(storage, proxy) as backend:
+        lock = TaskLockService(backend).lock(key, ttl=LONG)
+        lock.acquire()
+        deletion = statement_of(storage, backend, "release", b"task-lock:")
+        proxy.drop_reply(match=deletion)
+        proxy.delay(2.0, match=deletion)
+        took: list[bool] = []
+
+        def successor_takes() -> None:
+            try:
+                wait_until(lambda: proxy.dropped == 1, timeout=20)
+                took.append(direct.acquire(key, successor, ttl=LONG, max_lifetime=LIFE))
+            finally:
+                direct.close()
+
+        thread = threading.Thread(target=successor_takes)
+        thread.start()
+        lock.release()
+        thread.join(30)
+    assert took == [True]
+    assert lock.lost
+    assert direct.release(key, successor), "the re-sent release ended the successor's lease"
+
+
+# -- 3. acquire ------------------------------------------------------------------
+
+
+def test_acquire_whose_reply_was_lost_is_acquired_or_an_error_never_held(
+    storage: str, proxy: FaultProxy, direct: BaseBackend, key: str
+) -> None:
+    """Redis: the client runs the script again, which finds its own lease: acquired.
+    The database backend does not send an INSERT twice: the caller gets the error,
+    and the lease the INSERT made is released by its token (a re-sent INSERT that
+    finds its own row is acquired too: the contract's ResendCases)."""
+    ran: list[bool] = []
+    with proxied_backend(storage, proxy) as backend:
+        proxy.drop_reply(match=statement_of(storage, backend, "acquire", b"INSERT"))
+        if storage == "redis":
+            result = TaskLockService(backend).run_exclusive(
+                key, lambda: ran.append(True), ttl=LONG
+            )
+            assert (result.acquired, ran, result.lost) == (True, [True], False)
+        else:
+            with pytest.raises(DatabaseError):
+                TaskLockService(backend).run_exclusive(key, lambda: ran.append(True), ttl=LONG)
+            assert ran == []
+    assert proxy.dropped == 1, "the acquisition's reply was not lost"
+    assert direct.peek(key) is None, "a lease nobody runs was left behind"
