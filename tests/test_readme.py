@@ -125,6 +125,27 @@ def test_skip_markers_give_a_reason() -> None:
             assert _SKIP.search(comment), f"unknown test marker in {_name(page)}: {comment}"
 
 
+def _anchors(text: str) -> set[str]:
+    """The #anchors of a page's headings, as GitHub and MkDocs spell them."""
+    headings = re.findall(r"^#+ (.+)$", _FENCE.sub("", text), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).strip().replace(" ", "-") for h in headings}
+
+
+def test_the_readmes_links_resolve() -> None:
+    # MkDocs checks the links of docs/ (mkdocs build --strict); the README is not in the site.
+    links = re.findall(r"\]\(([^)\s]+)\)", _FENCE.sub("", README))
+    assert "docs/choosing-ttl.md" in links
+    broken = []
+    for link in links:
+        if re.match(r"[a-z]+:", link):
+            continue
+        path, _, anchor = link.partition("#")
+        target = ROOT / path if path else ROOT / "README.md"
+        if not target.exists() or (anchor and anchor not in _anchors(target.read_text())):
+            broken.append(link)
+    assert broken == []
+
+
 def _checked_text() -> str:
     """Shell blocks and inline code of every page, without paragraphs about plans."""
     shell = "\n".join(code for _, _, code, _ in code_blocks("sh"))
