@@ -6,16 +6,22 @@ in manual transaction management (autocommit off outside ``atomic()``).
 
 from __future__ import annotations
 
+import logging
+import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from django.contrib.contenttypes.models import ContentType
-from django.db import connections
+from django.db import OperationalError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.database.connections import add_thread_connection
 from django_tasklock.service import TaskLockService
+from django_tasklock.testing.support import wait_until
 from tests.conftest import DATABASE_ALIASES, require_service
 
 pytestmark = pytest.mark.databases
@@ -94,3 +100,45 @@ def test_left_to_expire_while_the_work_leaves_a_transaction_open(
     finally:
         connections[manual].rollback()
         other.force_release(key)
+
+
+def test_no_log_handler_runs_on_the_heartbeat_thread(
+    manual: str, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With autocommit off the heartbeat refreshes through a side connection,
+    opened and closed each tick: a failure to close it is logged (DEBUG),
+    handled on the notifier thread, never on the heartbeat's."""
+    wrapper_class = type(connections[manual])
+    close = wrapper_class.close
+
+    def close_then_fail(self: BaseDatabaseWrapper) -> None:
+        close(self)  # closed all the same: the fault is in the farewell's reply
+        # Only the side connection's close (not Django's own temporary ones).
+        if (
+            threading.current_thread().name == "django-tasklock-heartbeat"
+            and sys._getframe(1).f_code.co_name == "alias_for_writing"
+        ):
+            raise OperationalError("the server did not answer the farewell")
+
+    monkeypatch.setattr(wrapper_class, "close", close_then_fail)
+    handled_on: list[str] = []
+
+    class Recording(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "side connection" in record.getMessage():
+                handled_on.append(threading.current_thread().name)
+
+    handler = Recording(logging.DEBUG)
+    logger = logging.getLogger("django_tasklock")
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        service = TaskLockService(DatabaseBackend(using=manual))
+        result = service.run_exclusive(key, lambda: time.sleep(1.0), ttl=10, refresh_interval=0.1)
+        assert result.acquired
+        wait_until(lambda: bool(handled_on), timeout=10)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert "django-tasklock-heartbeat" not in handled_on
