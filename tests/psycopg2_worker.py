@@ -2,7 +2,9 @@
 
 Django uses psycopg (3) whenever it can import it, so this process hides it
 before Django starts: ``python -m tests.psycopg2_worker <postgres URL>``.
-Prints the driver's name, then one line per call of the backend.
+Prints the driver's name, then one line per call of the backend, then
+whether the driver reports a transaction open under manual transaction
+management.
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ def main(url: str) -> None:
     refreshed = backend.refresh_many([Refresh("pg2-key", "h:1:tok", ttl, cap)])
     print("refresh_many", refreshed)
     print("release", backend.release("pg2-key", "h:1:tok"))
+
+    # What the release after work under AUTOCOMMIT: False asks the driver.
+    from django_tasklock.transactions import _transaction_open
+
+    connection.set_autocommit(False)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    print("open after a query", _transaction_open(connection.connection))
+    connection.commit()
+    print("open after the commit", _transaction_open(connection.connection))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from tests.processes import ROOT, require_module
 
 
 def test_refresh_through_psycopg2() -> None:
-    """The refresh (``SET LOCAL ...; UPDATE ...`` in one query) works on psycopg2 too."""
+    """The refresh (``SET LOCAL ...; UPDATE ...`` in one query) works on psycopg2 too,
+    and the driver tells an open transaction from a committed one."""
     url = os.environ.get(services.POSTGRES_ENV)
     if not url:
         if services.IN_CI:
@@ -34,4 +35,6 @@ def test_refresh_through_psycopg2() -> None:
         "acquire True",
         "refresh_many [True]",
         "release True",
+        "open after a query True",
+        "open after the commit False",
     ], done.stderr
