@@ -19,9 +19,12 @@ would exclude the code but not its effects. So the release waits:
 * **A Django ``TestCase`` transaction** never commits: it does not count, and
   the lease is released at once, as outside a transaction.
 * **Manual transaction management** (autocommit off outside ``atomic()``)
-  offers no ``on_commit``, and nothing tells when the caller commits. The
-  lease is then no longer refreshed and left to expire ``ttl`` after its last
-  refresh: commit within ``ttl`` of the work's end.
+  offers no ``on_commit``, and nothing tells when the caller commits. When the
+  work ends with the caller's transaction committed (the driver says none is
+  open: sqlite3, psycopg 3, psycopg2), the lease is released at once. When one
+  is still open, or the driver cannot tell (mysqlclient, so MySQL and
+  MariaDB), the lease is no longer refreshed and left to expire ``ttl`` after
+  its last refresh: commit within ``ttl`` of the work's end.
 
 Whether the lease was lost can only be known once it is released: a loss
 found then is still logged and signalled (``lock_lost``), but the caller's
@@ -33,6 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -71,12 +75,30 @@ def release_after_transactions(lease: Lease, release: Callable[[Lease], None]) -
 
 
 def _manual_transaction(connection: BaseDatabaseWrapper) -> bool:
-    """Autocommit turned off outside ``atomic()``: a transaction nobody can wait for."""
+    """Autocommit turned off outside ``atomic()``, a transaction open: nobody can wait for it."""
     return (
         connection.connection is not None
         and not connection.in_atomic_block
         and not connection.autocommit
+        and _transaction_open(connection.connection)
     )
+
+
+def _transaction_open(raw: Any) -> bool:
+    """Whether the driver's connection is inside a transaction; True where it cannot tell.
+
+    sqlite3 says so (``in_transaction``), psycopg 3 and psycopg2 give the
+    server's transaction status; mysqlclient tells nothing.
+    """
+    in_transaction = getattr(raw, "in_transaction", None)  # sqlite3
+    if isinstance(in_transaction, bool):
+        return in_transaction
+    status = getattr(getattr(raw, "info", None), "transaction_status", None)  # psycopg 3
+    if status is None and callable(getattr(raw, "get_transaction_status", None)):
+        status = raw.get_transaction_status()  # psycopg2
+    if status is None:
+        return True
+    return int(status) != 0  # both drivers' IDLE; a broken connection's UNKNOWN counts as open
 
 
 class _PendingRelease:

@@ -143,6 +143,33 @@ def test_release_sent_again_after_a_successor_took_the_key_is_a_loss(
     assert direct.release(key, successor), "the re-sent release ended the successor's lease"
 
 
+@pytest.mark.parametrize("storage", ["postgres", "mariadb"])
+def test_min_hold_release_sent_again_after_min_hold_is_not_a_loss(
+    storage: str, proxy: FaultProxy, direct: BaseBackend, key: str
+) -> None:
+    """The first sending cut the lease to end at acquisition + ``min_hold``; the
+    second arrives once that has passed and finds our own row run out: released."""
+    signals = SignalRecorder()
+    lock_lost.connect(signals, weak=False)
+    lock_released.connect(signals, weak=False)
+    try:
+        with proxied_backend(storage, proxy) as backend:
+            lock = TaskLockService(backend).lock(key, ttl=LONG, min_hold=2.0)
+            lock.acquire()
+            stored = storage_key(key).encode()
+            cut = lambda data: b"UPDATE" in data and stored in data  # noqa: E731
+            proxy.drop_reply(match=cut)
+            proxy.delay(3.0, match=cut)  # the second sending: min_hold has passed
+            lock.release()
+    finally:
+        lock_lost.disconnect(signals)
+        lock_released.disconnect(signals)
+    assert (proxy.dropped, proxy.delayed) == (1, 1), "the release was not sent twice"
+    assert not lock.lost, f"a loss invented: {signals.sent}"
+    assert [name for name, _ in signals.sent] == ["released"]
+    assert direct.peek(key) is None
+
+
 # -- 3. acquire ------------------------------------------------------------------
 
 

@@ -180,16 +180,20 @@ def test_manual_transaction_management_leaves_the_lease_to_expire(
 ) -> None:
     backend = MemoryBackend()
     service = TaskLockService(backend)
+
+    def work() -> None:  # a write: the caller's transaction is open when the work ends
+        CacheEntry.objects.create(key=f"work-{key}", value="x", expires_at=Now(), created_at=Now())
+
     transaction.set_autocommit(False)
     try:
         with caplog.at_level(logging.INFO, logger="django_tasklock"):
-            result = service.run_exclusive(key, lambda: None, ttl=0.5, refresh_interval=0.1)
+            result = service.run_exclusive(key, work, ttl=0.5, refresh_interval=0.1)
         held = backend.peek(key)
         assert held is not None  # the commit cannot be waited for: kept until the ttl
         time.sleep(0.3)
         later = backend.peek(key) or held
         assert abs((later.expires_at - held.expires_at).total_seconds()) < 0.1  # not refreshed
-        transaction.commit()
+        transaction.rollback()
     finally:
         transaction.set_autocommit(True)
     assert result.acquired

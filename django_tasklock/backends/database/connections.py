@@ -33,9 +33,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import load_backend
 from django.utils.connection import ConnectionDoesNotExist
 
+from django_tasklock import notifier
 from django_tasklock.exceptions import TaskLockError
-
-logger = logging.getLogger("django_tasklock")
 
 SIDE_SUFFIX = "__tasklock"
 
@@ -138,7 +137,10 @@ def alias_for_writing(using: str) -> Iterator[str]:
         except Error:
             # Already broken: dropping the wrapper drops the connection. The
             # statements' outcome, not the farewell, is what the caller needs.
-            logger.debug("Closing the side connection to %r failed.", using, exc_info=True)
+            # On the heartbeat's thread with autocommit off: handled on the notifier.
+            notifier.log(
+                logging.DEBUG, "Closing the side connection to %r failed.", using, exc_info=True
+            )
         finally:
             del connections[side]
 

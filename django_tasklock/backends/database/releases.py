@@ -7,7 +7,9 @@ DELETE of our own expired row (which makes it a loss). A release is sent again
 on a new connection when the first connection died with the statement under
 way (see ``retries``): that statement may have committed, so a second sending
 that finds nothing, and the key nobody else's, answers ``GONE`` rather than
-a loss. Sent once and finding nothing, the lease was gone before: ``LOST``.
+a loss; one that finds our own row run out (the first sending cut it, and
+``min_hold`` has passed since) deletes it and answers ``RELEASED``. Sent once
+and finding nothing, the lease was gone before: ``LOST``.
 """
 
 from __future__ import annotations
@@ -48,7 +50,11 @@ def end_lease(
     if live.run(alias, stored, token):
         return Released.RELEASED
     # Not live: lost. Still clear our own expired row, if it is there.
-    if any_row.run(alias, stored, token) or not sent_before:
+    if any_row.run(alias, stored, token):
+        # Sent again, our own row was still there, so nobody else's: the first
+        # sending cut it to end at min_hold, which has passed since.
+        return Released.RELEASED if sent_before else Released.LOST
+    if not sent_before:
         return Released.LOST
     if db_rows.live(model, alias).filter(key=stored).exists():
         return Released.LOST  # someone else's now

@@ -144,9 +144,19 @@ def refresh_postgres(
     timeout = timeouts.postgres_prefix(connection)
     with timeouts.client_side_cursor(connection) as cursor:
         cursor.execute(timeout + statement, [payload])
-        if timeout:
-            cursor.nextset()  # past the SET's empty result
+        if timeout and _psycopg3():
+            # psycopg 3 stops at the SET's empty result; psycopg2 has only the
+            # last statement's rows (and rejects nextset()).
+            cursor.nextset()
         return {(key, value) for key, value in cursor.fetchall()}
+
+
+def _psycopg3() -> bool:
+    """Whether Django's PostgreSQL backend runs on psycopg 3 (else psycopg2)."""
+    # Imported here: the module needs a PostgreSQL driver installed.
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3)
 
 
 def refresh_portable(
