@@ -8,7 +8,7 @@ from typing import Any
 
 from timing import Samples
 
-#: The ratios the README quotes: ours / other, both measured in the same rounds.
+#: The ratios docs/speed.md quotes: ours / other, both measured in the same rounds.
 RATIOS = {
     "postgres_vs_raw": ("postgres", "raw"),
     "postgres_vs_django_db_mutex": ("postgres", "django_db_mutex"),

@@ -29,7 +29,7 @@ from django_tasklock.testing import ContractBackend
 from tests.wrapped import Wrapped
 
 #: How late a declaration may come on this shared, loaded 2-core machine. The
-#: declarations themselves take a few milliseconds (see the README's table):
+#: declarations themselves take a few milliseconds (see the table in docs/guarantees.md):
 #: the rest is a thread waiting for its turn on a busy CPU.
 SLACK = 0.25
 

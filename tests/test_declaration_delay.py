@@ -4,7 +4,7 @@ The delay is the declaration's time (the :meth:`Lease.on_loss` callback, run
 by the declaring thread) minus the lease's local deadline, or minus the
 answer of the refresh that found the loss. The goal is 100 ms; the bound
 asserted, :data:`BOUND`, leaves room for a shared, loaded 2-core machine
-(the README's guarantees table gives figures from a quiet run). Run with
+(the guarantees table in docs/guarantees.md gives figures from a quiet run). Run with
 ``-s`` to see each figure (``DELAY <storage> <case> <ms>``).
 """
 

@@ -1,4 +1,4 @@
-"""Every system check the README lists, triggered as a user would: ``manage.py check``.
+"""Every system check the docs list, triggered as a user would: ``manage.py check``.
 
 Each test writes a small settings module to ``tmp_path`` and runs Django in a
 fresh process, so that nothing the test process already imported (redis-py,

@@ -2,7 +2,7 @@
 
 Python cannot stop a paused holder's work when it resumes: the lock can only
 tell it. ``LockResult.lost`` and ``lock_lost`` are that telling; fencing tokens
-(see the README) make the protected resource reject what it writes after.
+(see docs/fencing.md) make the protected resource reject what it writes after.
 """
 
 from __future__ import annotations

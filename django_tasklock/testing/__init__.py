@@ -1,6 +1,6 @@
 """Test helpers for projects and third-party backends.
 
-``BackendContract`` is the contract suite (the README's "What you can rely
+``BackendContract`` is the contract suite (docs/guarantees.md, "What you can rely
 on") as a pytest class to subclass; ``ContractBackend`` describes the
 backend under test; ``BackendRecipe`` rebuilds it in another process.
 Importing this module needs pytest.

@@ -1,4 +1,7 @@
-"""Contract cases: mutual exclusion and the token (README, "What you can rely on", items 1-2)."""
+"""Contract cases: mutual exclusion and the token.
+
+docs/guarantees.md, "What you can rely on", items 1-2.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Contract cases: lost locks and storage errors (README, "What you can rely on", items 7-8)."""
+"""Contract cases: lost locks and storage errors.
+
+docs/guarantees.md, "What you can rely on", items 7-8.
+"""
 
 from __future__ import annotations
 

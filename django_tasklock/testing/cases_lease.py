@@ -1,6 +1,6 @@
 """Contract cases: heartbeat, hard deadline, reclaim and release.
 
-The README, "What you can rely on", items 3 to 6.
+docs/guarantees.md, "What you can rely on", items 3 to 6.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Contract cases: namespacing, peek/list/clear_stale, bad input.
 
-The README, "What you can rely on", item 10 and the paragraph on bad input.
+docs/guarantees.md, "What you can rely on", item 10 and the paragraph on bad input.
 """
 
 from __future__ import annotations

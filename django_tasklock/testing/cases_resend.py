@@ -1,6 +1,6 @@
 """Contract cases: a call sent twice has the outcome of sending it once.
 
-README, "What you can rely on", item 11. A reply lost after the storage
+docs/guarantees.md, "What you can rely on", item 11. A reply lost after the storage
 acted makes a call go out again (the backend's own retry, or the client
 library's). The second sending must not turn a won acquisition into a lease
 nobody runs, nor end another's lease.

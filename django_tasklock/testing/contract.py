@@ -1,6 +1,6 @@
 """The contract every backend honours, as a pytest suite.
 
-It tests what the README promises under "What you can rely on", items 1 to 11.
+It tests what docs/guarantees.md promises under "What you can rely on", items 1 to 11.
 
 Subclass :class:`BackendContract` and give it a ``contract_backend`` fixture
 returning a :class:`ContractBackend` for your backend::
@@ -48,7 +48,7 @@ class BackendContract(
     FencingCases,
     ResendCases,
 ):
-    """The README's "What you can rely on", items 1 to 11, against ``contract_backend``."""
+    """docs/guarantees.md, "What you can rely on", items 1 to 11, against ``contract_backend``."""
 
     @pytest.fixture
     def contract_backend(self) -> ContractBackend:  # pragma: no cover - subclasses give it

@@ -47,7 +47,7 @@ def hold_key(key: str, job: str, signals: str) -> str:
 
 @shared_task(bind=True, max_retries=3)
 def retry_when_lost(self: Any, key: str, job: str, signals: str) -> str | None:
-    """The README's pattern: a lost lock becomes a retry (``self.retry()`` on ``LockLost``)."""
+    """A lost lock becomes a retry (``self.retry()`` on ``LockLost``): docs/lost-locks.md."""
     try:
         return work_until_released(key, job, signals, self.request.retries)
     except LockLost as exc:

@@ -8,7 +8,7 @@ acquiring and fencing must never get a number above its successor's.
 
 The counters are as durable as the database's other rows, and that is the
 promise: a truncated table, a backup restored from before a key's last
-grant, or a failover that lost commits starts them again lower (the README
+grant, or a failover that lost commits starts them again lower (docs/fencing.md
 says so). Redis, whose data may vanish on a restart, floors its fences at
 the server's clock instead.
 """
