@@ -4,7 +4,8 @@ The heartbeat keeps leases alive; the lock hands one to the caller. The lease
 itself knows neither: it is the record both share. Its local deadlines are
 read off :func:`clock`, which keeps counting while the machine is suspended
 (``CLOCK_BOOTTIME`` on Linux): after a resume, a lease whose ttl passed
-during the sleep is known to be lost, not "retried".
+during the sleep is known to be lost, not "retried". What a lease tells the
+project (its signals, the warning at a loss) is sent by ``announcements``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from django_tasklock import notifier
+from django_tasklock import announcements, notifier
 from django_tasklock.reasons import EXPIRED, MAX_LIFETIME, RELEASED_BY_OPERATOR, TAKEN
-from django_tasklock.signals import lock_lost, lock_stalled
+from django_tasklock.signals import lock_stalled
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
 
     from django_tasklock.backends.base import BaseBackend, Holder
     from django_tasklock.options import LockOptions
-
-logger = logging.getLogger("django_tasklock")
 
 
 def new_token() -> str:
@@ -237,14 +236,7 @@ class Lease:
 
     def announce_loss(self) -> None:
         """The warning and the ``lock_lost`` signal (with ``reason``) for a loss just marked."""
-        logger.warning(
-            "Task lock %r was lost (%s): %s, while %s held it.",
-            self.key,
-            self.reason,
-            _WHY.get(self.reason or "", "it was lost"),
-            self.holder,
-        )
-        self.announce(lock_lost, reason=self.reason)
+        announcements.announce_loss(self)
 
     def stalled(self, now: float) -> bool:
         """Whether the work, given a ``progress_timeout``, went longer than it without progress.
@@ -279,31 +271,6 @@ class Lease:
         return min(self.next_due, clock() + WATCH_INTERVAL)
 
     def announce(self, signal: Signal, **extra: object) -> None:
-        """Send ``signal`` about this lease; a failing receiver is logged, never raised.
-
-        The lock must not depend on receivers: an exception here would skip a
-        release, or end a thread the whole process relies on.
-        ``send_robust`` already logs each failure with its traceback (logger
-        ``django.dispatch``), so this adds one line naming the key, without
-        a second copy of the traceback.
-        """
-        for receiver, outcome in signal.send_robust(
-            sender=type(self.backend), key=self.key, holder=self.holder, **extra
-        ):
-            if isinstance(outcome, Exception):
-                logger.error(
-                    "A receiver of a django-tasklock signal about %r failed: %r raised %r "
-                    "(traceback on the django.dispatch logger).",
-                    self.key,
-                    receiver,
-                    outcome,
-                )
-
-
-_WHY = {
-    EXPIRED: "no refresh was confirmed within its ttl, so it may have expired",
-    TAKEN: "another holder has the key",
-    RELEASED_BY_OPERATOR: "the key was found free before its deadline (force-released, "
-    "or lost by the storage)",
-    MAX_LIFETIME: "it reached its max_lifetime and is no longer extended",
-}
+        """Send ``signal`` about this lease; a failing receiver is logged, never raised
+        (see ``announcements``)."""
+        announcements.announce(self, signal, **extra)

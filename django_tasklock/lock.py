@@ -1,14 +1,13 @@
 """The lock object everything else wraps: acquire (waiting if asked), hold, release.
 
 ``run_exclusive``, ``arun_exclusive``, ``with lock``, ``async with lock`` (and
-the decorator) are thin layers over :class:`Lock`. Its async methods run the
-same synchronous steps off the event loop; only the pauses between looks at a
-held key are ``asyncio.sleep``.
+the decorator) are thin layers over :class:`Lock`. Its async methods (in
+``lock_async``) run the same synchronous steps off the event loop; only the
+pauses between looks at a held key are ``asyncio.sleep``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -16,12 +15,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from django_tasklock import loss, notifier
-from django_tasklock.aio import keep, off_loop, refuse_event_loop
+from django_tasklock.aio import refuse_event_loop
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder, Released
 from django_tasklock.exceptions import LockNotAcquired
 from django_tasklock.heartbeat import heartbeat
 from django_tasklock.lease import Lease, clock, new_token
+from django_tasklock.lock_async import AsyncLockMethods
 from django_tasklock.options import (
     LockOptions,
     check_lock_kwargs,
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_tasklock")
 
 
-class Lock(loss.ActsOnLoss):
+class Lock(AsyncLockMethods):
     """A lease lock on one key: ``with``, ``async with``, or ``acquire()``/``release()``.
 
     Made by :meth:`TaskLockService.lock` (or ``django_tasklock.lock``); every
@@ -175,70 +175,6 @@ class Lock(loss.ActsOnLoss):
         self._context = None
         self.release()
 
-    # -- async -----------------------------------------------------------------
-
-    async def aacquire(self) -> Lock:
-        """:meth:`acquire` without blocking the event loop."""
-        self._no_cancel_on_loss()
-        if not await self._atry_acquire():
-            raise LockNotAcquired(self.key, self.wait or None)
-        return self
-
-    async def atry_acquire(self) -> bool:
-        """:meth:`try_acquire` without blocking the event loop.
-
-        Cancelling the awaiting task while an attempt is under way lets the
-        attempt finish in its thread and releases what it took.
-        """
-        self._no_cancel_on_loss()
-        return await self._atry_acquire()
-
-    async def _atry_acquire(self) -> bool:
-        backend = self._ready()
-        backoff = Backoff(self.wait)
-        look_first = False
-        while True:
-            attempt = asyncio.ensure_future(off_loop(self._try_once)(backend, look_first))
-            try:
-                acquired, seconds_left = await asyncio.shield(attempt)
-            except asyncio.CancelledError:
-                attempt.add_done_callback(self._undo)
-                raise
-            if acquired:
-                return True
-            pause = backoff.next_pause(seconds_left)
-            if pause is None:
-                return False
-            await asyncio.sleep(pause)
-            look_first = True
-
-    async def arelease(self) -> None:
-        """:meth:`release` off the event loop; it completes even if the caller is cancelled.
-
-        A release already under way for the same grant (one whose caller was
-        cancelled while it ran) makes this one do nothing, not raise.
-        """
-        if self._lease is None or not self._held:
-            raise RuntimeError(f"task lock {self.key!r} is not held")
-        await asyncio.shield(keep(off_loop(self._release_if_held)(self._lease)))
-
-    async def __aenter__(self) -> Lock:
-        if not await self._atry_acquire():
-            raise LockNotAcquired(self.key, self.wait or None)
-        self.enter_body()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        stopped = self.leave_body(exc)
-        await self.arelease()
-        if stopped is not None:
-            raise stopped from exc
-
     # -- the steps -------------------------------------------------------------
 
     def _ready(self) -> BaseBackend:
@@ -348,25 +284,6 @@ class Lock(loss.ActsOnLoss):
             lease.expire(inline=True)  # it could have run out before the release was sent
         else:
             lease.declare(lease.found_not_ours())
-
-    def _undo(self, attempt: asyncio.Future[tuple[bool, float | None]]) -> None:
-        """Release what an attempt abandoned by a cancelled caller acquired.
-
-        A cancellation that lands as the attempt finishes lets the caller's
-        own clean-up (``if lock.held: await lock.arelease()``) see the grant
-        too: whichever comes second finds the lease released and does nothing.
-        """
-        if attempt.cancelled() or attempt.exception() is not None:
-            return
-        if attempt.result()[0]:
-            keep(off_loop(self._release_if_held)(self._lease))
-
-    def _release_if_held(self, lease: Lease | None) -> None:
-        # Run where every step of this lock runs (``off_loop``: one thread at a
-        # time), so the check and the release are never interleaved with
-        # another release; ``lease`` is the grant the abandoned attempt made.
-        if self._held and self._lease is lease:
-            self.release()
 
 
 def _discard(backend: BaseBackend, key: str, token: str) -> None:

@@ -1,5 +1,9 @@
 """Validating what callers pass, before anything is written (functions: see ``callables``).
 
+A duration alone (seconds or a timedelta, from 1 ms to 24 h) is read by
+``durations``; this module holds the options that combine them (``LockOptions``,
+``TASKLOCK_DEFAULTS``) and the other lock options (key, wait, flags).
+
 Every error is a ``TypeError`` or ``ValueError`` whose message names the
 parameter, so a mistake is found at the call that made it. Invalid
 ``TASKLOCK_DEFAULTS`` is ``ImproperlyConfigured`` naming the setting, by the
@@ -9,8 +13,6 @@ same rules at ``manage.py check`` and at run time.
 from __future__ import annotations
 
 import dataclasses
-import math
-import reprlib
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, TypedDict
@@ -20,19 +22,14 @@ from django.core.signals import setting_changed
 
 from django_tasklock.backends.base import KEY_PREFIX, STALE_AFTER
 from django_tasklock.conf import conf
-
-Duration = int | float | timedelta
+from django_tasklock.durations import MAX_DURATION as MAX_DURATION
+from django_tasklock.durations import MIN_DURATION as MIN_DURATION
+from django_tasklock.durations import Duration as Duration
+from django_tasklock.durations import to_timedelta as to_timedelta
 
 #: 255 (the column) minus the ``task-lock:`` prefix, on every backend.
 MAX_KEY_LENGTH = 255 - len(KEY_PREFIX)
 MAX_LIFETIME_LIMIT = STALE_AFTER
-#: The shortest duration accepted: anything shorter would round to zero
-#: somewhere (microseconds in a timedelta, milliseconds in Redis).
-MIN_DURATION = timedelta(milliseconds=1)
-#: The longest duration accepted. No lease outlives ``max_lifetime`` (at most
-#: 24 h), so a longer ttl or interval would mean nothing, and every storage
-#: can represent "now + 24 h".
-MAX_DURATION = STALE_AFTER
 DEFAULT_TTL = timedelta(minutes=15)
 OPTION_NAMES = ("ttl", "refresh_interval", "max_lifetime")
 
@@ -52,34 +49,6 @@ def validate_key(key: object) -> str:
     except UnicodeEncodeError:
         raise ValueError("key must be valid Unicode text (it contains a lone surrogate)") from None
     return key
-
-
-def to_timedelta(name: str, value: object) -> timedelta:
-    """Seconds (int or float) or a timedelta, from 1 ms to 24 h.
-
-    Bounds are checked before any conversion, so a huge number is a
-    ``ValueError`` naming ``name``, never an ``OverflowError``.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)):
-        raise TypeError(f"{name} must be seconds (int or float) or a timedelta, not {value!r}")
-    shown = str(value) if isinstance(value, timedelta) else reprlib.repr(value)
-    if isinstance(value, float) and math.isnan(value):
-        raise ValueError(f"{name} must be a number of seconds, got {shown}")
-    # Compared before any conversion: int against float is exact in Python and
-    # never overflows, where timedelta(seconds=10**400) would.
-    if isinstance(value, timedelta):
-        positive, short, long = value > timedelta(0), value < MIN_DURATION, value > MAX_DURATION
-    else:
-        positive = value > 0
-        short = value < MIN_DURATION.total_seconds()
-        long = value > MAX_DURATION.total_seconds()
-    if not positive:
-        raise ValueError(f"{name} must be positive, got {shown}")
-    if short:
-        raise ValueError(f"{name} must be at least 1 ms (shorter rounds to zero), got {shown}")
-    if long:
-        raise ValueError(f"{name} must be at most 24 hours, got {shown}")
-    return value if isinstance(value, timedelta) else timedelta(seconds=value)
 
 
 def project_defaults(settings_value: Mapping[str, Any] | None = None) -> dict[str, timedelta]:

@@ -2,7 +2,8 @@
 
 Atomicity comes from the primary key: two concurrent inserts of one key cannot
 both succeed, so acquisition is an ORM ``create()`` and an ``IntegrityError``
-on the key means "held" (once the row is seen to exist). Every time is the
+on the key means "held" (once the row is seen to exist; see ``acquisitions``,
+and ``releases`` for the other end). Every time is the
 database server's clock in UTC (``UtcNow``, see ``functions``), so
 neither workers' clocks nor sessions' time zones decide who holds a key.
 
@@ -24,22 +25,21 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import Error, IntegrityError, connections
+from django.db import Error, connections
 from django.db.models import F
 from django.db.models.functions import Least
 
 from django_tasklock.backends.base import BaseBackend, HeldLock, Refresh, Released, storage_key
 from django_tasklock.backends.database import rows as db_rows
 from django_tasklock.backends.database import statements as db_statements
+from django_tasklock.backends.database.acquisitions import insert_lease
 from django_tasklock.backends.database.checks import check_lock_database
 from django_tasklock.backends.database.connections import (
     alias_for_reading,
     alias_for_writing,
     close_connections,
     in_test_transaction,
-    is_key_conflict,
     names_missing_table,
-    savepoint_if_in_transaction,
 )
 from django_tasklock.backends.database.fences import (
     next_fence_in_transaction,
@@ -54,10 +54,6 @@ from django_tasklock.conf import conf
 
 if TYPE_CHECKING:
     from django_tasklock.models import CacheEntry
-
-# Attempts at the INSERT when the key keeps changing hands between our INSERT
-# and our look at the row (or an abandoned row is taken over).
-_ACQUIRE_ATTEMPTS = 5
 
 
 class DatabaseBackend(BaseBackend):
@@ -104,40 +100,12 @@ class DatabaseBackend(BaseBackend):
     def _acquire(
         self, alias: str, stored: str, token: str, ttl: timedelta, max_lifetime: timedelta
     ) -> bool:
-        model = self._model()
-        for _ in range(_ACQUIRE_ATTEMPTS):
-            try:
-                with savepoint_if_in_transaction(alias):
-                    model.objects.using(alias).create(
-                        key=stored,
-                        value=token,
-                        expires_at=self._ends_in(min(ttl, max_lifetime)),
-                        created_at=UtcNow(),
-                    )
-            except IntegrityError as exc:
-                # "Held" only once the row is seen; one look also says whether
-                # it is free to take over, by the server's clock.
-                seen = db_rows.holder(model, alias, stored)
-                if seen is None:
-                    if not is_key_conflict(exc):
-                        raise  # not a key conflict after all: a real error
-                    continue  # the holder released between our INSERT and our look
-                holder, live = seen
-                if live:
-                    # Our own row: this INSERT sent again after its reply was lost.
-                    return holder == token
-                # Expired or abandoned: delete that holder's row (a token is
-                # never reused, so a new holder's row is safe) and insert again.
-                # The DELETE judges staleness again, by the server's clock: the
-                # holder's refresh may have extended the row since our look.
-                db_rows.stale(model, alias).filter(key=stored, value=holder)._raw_delete(alias)
-            else:
-                if in_test_transaction(connections[alias]):
-                    with self._test_leases_lock:
-                        self._test_leases.add((stored, token))
-                return True
-        # The key changed hands at every attempt: it was held each time we asked.
-        return False
+        model, expires_at = self._model(), self._ends_in(min(ttl, max_lifetime))
+        outcome = insert_lease(model, alias, stored, token, expires_at)
+        if outcome == "inserted" and in_test_transaction(connections[alias]):
+            with self._test_leases_lock:
+                self._test_leases.add((stored, token))
+        return outcome != "held"
 
     @names_missing_table
     @retry_when_busy

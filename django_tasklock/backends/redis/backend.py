@@ -21,9 +21,6 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from django.core.cache import InvalidCacheBackendError
-from django.core.exceptions import ImproperlyConfigured
-
 from django_tasklock.backends.base import (
     KEY_PREFIX,
     STALE_AFTER,
@@ -39,8 +36,9 @@ from django_tasklock.backends.base import (
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
 from django_tasklock.backends.redis.checks import check_redis
+from django_tasklock.backends.redis.connections import connect
 from django_tasklock.backends.redis.scripts import FENCE_PREFIX, PRELUDE, SCRIPTS
-from django_tasklock.backends.redis.urls import RedisURLError, client_from_url, parse_url
+from django_tasklock.backends.redis.urls import RedisURLError, parse_url
 
 if TYPE_CHECKING:
     # redis-py is imported when a connection is made, never at import: without
@@ -115,7 +113,7 @@ class RedisBackend(BaseBackend):
             with self._init_lock:
                 if not self._scripts:
                     if self._client is None:
-                        self._client = self._connect()
+                        self._client = connect(self._url, self._cache_alias)
                     # register_script calls EVALSHA and reloads the script on NOSCRIPT.
                     self._scripts = {
                         name: self._client.register_script(PRELUDE + body)
@@ -123,31 +121,6 @@ class RedisBackend(BaseBackend):
                     }
         assert self._client is not None
         return self._client
-
-    def _connect(self) -> redis.Redis:
-        try:
-            import redis  # noqa: F401 - the check that redis-py is installed
-        except ImportError as exc:
-            raise ImproperlyConfigured(
-                "The Redis lock backend needs redis-py: pip install redis."
-            ) from exc
-        if self._url is not None:
-            return client_from_url(self._url)
-        try:
-            from django_redis import get_redis_connection
-        except ImportError as exc:
-            raise ImproperlyConfigured(
-                "TASKLOCK_REDIS_CACHE needs django-redis: pip install django-redis "
-                "(or set TASKLOCK_REDIS_URL, which needs only redis)."
-            ) from exc
-        try:
-            connection: redis.Redis = get_redis_connection(self._cache_alias, write=True)
-        except (InvalidCacheBackendError, NotImplementedError) as exc:
-            raise ImproperlyConfigured(
-                f"TASKLOCK_REDIS_CACHE={self._cache_alias!r} must name a django-redis cache "
-                "in CACHES (or set TASKLOCK_REDIS_URL)."
-            ) from exc
-        return connection
 
     def _run(self, name: str, key: str | bytes, *args: Any, client: Any = None) -> Any:
         connection = self._conn()

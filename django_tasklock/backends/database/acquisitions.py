@@ -1,0 +1,70 @@
+"""How the database backend takes a key: one INSERT, and a look at the row only on a conflict.
+
+Atomicity comes from the primary key: two concurrent inserts of one key cannot
+both succeed, so an ``IntegrityError`` on the key means "held", once the row
+is seen to exist. That one look also says whether the row is free to take
+over (expired, or older than 24 h: see ``rows``), by the server's clock; a
+stale row is deleted by its holder's token and the INSERT sent again.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from django.db import IntegrityError
+
+from django_tasklock.backends.database import rows as db_rows
+from django_tasklock.backends.database.connections import (
+    is_key_conflict,
+    savepoint_if_in_transaction,
+)
+from django_tasklock.backends.database.functions import UtcNow
+
+if TYPE_CHECKING:
+    from django_tasklock.models import CacheEntry
+
+# Attempts at the INSERT when the key keeps changing hands between our INSERT
+# and our look at the row (or an abandoned row is taken over).
+_ACQUIRE_ATTEMPTS = 5
+
+
+def insert_lease(
+    model: type[CacheEntry], alias: str, stored: str, token: str, expires_at: Any
+) -> Literal["inserted", "ours", "held"]:
+    """Insert ``token``'s row for ``stored`` on ``alias``, taking over a stale row.
+
+    ``"inserted"``: this INSERT wrote the row. ``"ours"``: the live row was
+    already ``token``'s (this INSERT sent again after its reply was lost).
+    ``"held"``: another holder's live row, or the key changed hands at every
+    attempt. ``expires_at``: the row's expiry, an expression on the server's clock.
+    """
+    for _ in range(_ACQUIRE_ATTEMPTS):
+        try:
+            with savepoint_if_in_transaction(alias):
+                model.objects.using(alias).create(
+                    key=stored,
+                    value=token,
+                    expires_at=expires_at,
+                    created_at=UtcNow(),
+                )
+        except IntegrityError as exc:
+            # "Held" only once the row is seen; one look also says whether
+            # it is free to take over, by the server's clock.
+            seen = db_rows.holder(model, alias, stored)
+            if seen is None:
+                if not is_key_conflict(exc):
+                    raise  # not a key conflict after all: a real error
+                continue  # the holder released between our INSERT and our look
+            holder, live = seen
+            if live:
+                # Our own row: this INSERT sent again after its reply was lost.
+                return "ours" if holder == token else "held"
+            # Expired or abandoned: delete that holder's row (a token is
+            # never reused, so a new holder's row is safe) and insert again.
+            # The DELETE judges staleness again, by the server's clock: the
+            # holder's refresh may have extended the row since our look.
+            db_rows.stale(model, alias).filter(key=stored, value=holder)._raw_delete(alias)
+        else:
+            return "inserted"
+    # The key changed hands at every attempt: it was held each time we asked.
+    return "held"

@@ -1,0 +1,125 @@
+"""The async methods of :class:`~django_tasklock.lock.Lock`: ``aacquire``,
+``atry_acquire``, ``arelease`` and ``async with``.
+
+Each runs the lock's own synchronous steps off the event loop (``aio.off_loop``,
+one thread at a time); only the pauses between looks at a held key are
+``asyncio.sleep``. A caller cancelled while an attempt is under way leaves the
+attempt to finish in its thread, and what it took is released; a release,
+once started, completes even if its caller is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from django_tasklock import loss
+from django_tasklock.aio import keep, off_loop
+from django_tasklock.exceptions import LockNotAcquired
+from django_tasklock.waiting import Backoff
+
+if TYPE_CHECKING:
+    from datetime import timedelta
+    from types import TracebackType
+
+    from typing_extensions import Self
+
+    from django_tasklock.backends.base import BaseBackend
+    from django_tasklock.lease import Lease
+
+
+class AsyncLockMethods(loss.ActsOnLoss):
+    """The async methods :class:`~django_tasklock.lock.Lock` inherits, with acting on a loss."""
+
+    wait: timedelta
+
+    if TYPE_CHECKING:  # the synchronous steps, defined by Lock
+
+        def _ready(self) -> BaseBackend: ...
+
+        def _try_once(
+            self, backend: BaseBackend, look_first: bool
+        ) -> tuple[bool, float | None]: ...
+
+        def release(self) -> None: ...
+
+    async def aacquire(self) -> Self:
+        """:meth:`acquire` without blocking the event loop."""
+        self._no_cancel_on_loss()
+        if not await self._atry_acquire():
+            raise LockNotAcquired(self.key, self.wait or None)
+        return self
+
+    async def atry_acquire(self) -> bool:
+        """:meth:`try_acquire` without blocking the event loop.
+
+        Cancelling the awaiting task while an attempt is under way lets the
+        attempt finish in its thread and releases what it took.
+        """
+        self._no_cancel_on_loss()
+        return await self._atry_acquire()
+
+    async def _atry_acquire(self) -> bool:
+        backend = self._ready()
+        backoff = Backoff(self.wait)
+        look_first = False
+        while True:
+            attempt = asyncio.ensure_future(off_loop(self._try_once)(backend, look_first))
+            try:
+                acquired, seconds_left = await asyncio.shield(attempt)
+            except asyncio.CancelledError:
+                attempt.add_done_callback(self._undo)
+                raise
+            if acquired:
+                return True
+            pause = backoff.next_pause(seconds_left)
+            if pause is None:
+                return False
+            await asyncio.sleep(pause)
+            look_first = True
+
+    async def arelease(self) -> None:
+        """:meth:`release` off the event loop; it completes even if the caller is cancelled.
+
+        A release already under way for the same grant (one whose caller was
+        cancelled while it ran) makes this one do nothing, not raise.
+        """
+        if self._lease is None or not self._held:
+            raise RuntimeError(f"task lock {self.key!r} is not held")
+        await asyncio.shield(keep(off_loop(self._release_if_held)(self._lease)))
+
+    async def __aenter__(self) -> Self:
+        if not await self._atry_acquire():
+            raise LockNotAcquired(self.key, self.wait or None)
+        self.enter_body()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stopped = self.leave_body(exc)
+        await self.arelease()
+        if stopped is not None:
+            raise stopped from exc
+
+    def _undo(self, attempt: asyncio.Future[tuple[bool, float | None]]) -> None:
+        """Release what an attempt abandoned by a cancelled caller acquired.
+
+        A cancellation that lands as the attempt finishes lets the caller's
+        own clean-up (``if lock.held: await lock.arelease()``) see the grant
+        too: whichever comes second finds the lease released and does nothing.
+        """
+        if attempt.cancelled() or attempt.exception() is not None:
+            return
+        if attempt.result()[0]:
+            keep(off_loop(self._release_if_held)(self._lease))
+
+    def _release_if_held(self, lease: Lease | None) -> None:
+        # Run where every step of this lock runs (``off_loop``: one thread at a
+        # time), so the check and the release are never interleaved with
+        # another release; ``lease`` is the grant the abandoned attempt made.
+        if self._held and self._lease is lease:
+            self.release()
