@@ -344,7 +344,8 @@ class Lock(loss.ActsOnLoss):
         # Gone, and nobody else's: ended by this release sent twice (its reply
         # lost), unless the lease could have run out before it was sent.
         if found is Released.RELEASED or (found is Released.GONE and sent_at <= lease.valid_until):
-            notifier.run(lease.announce, lock_released)
+            if not lease.lost_event.is_set():  # never "released" after "lost"
+                notifier.run(lease.announce, lock_released)
         elif found is Released.GONE:
             lease.expire(inline=True)  # it could have run out before the release was sent
         else:
