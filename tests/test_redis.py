@@ -85,6 +85,12 @@ def test_release_leaves_only_a_short_lived_tombstone_of_its_own_token(
     assert backend.force_release(key) is not None
     assert backend.release_outcome(key, other) is Released.LOST
     assert backend.release_outcome(key, token) is Released.GONE, "another lease's end is not ours"
+    # With min_hold: cut to end later, then sent again once that has passed.
+    held, hold = new_token(), timedelta(seconds=0.3)
+    assert backend.acquire(key, held, ttl=LONG, max_lifetime=LIFE)
+    assert backend.release_outcome(key, held, min_hold=hold) is Released.RELEASED
+    wait_until(lambda: backend.peek(key) is None, timeout=3)
+    assert backend.release_outcome(key, held, min_hold=hold) is Released.GONE
 
 
 # -- the stored key -----------------------------------------------------------------
