@@ -108,8 +108,9 @@ class Lock(AsyncLockMethods):
     @property
     def lost(self) -> bool:
         """True from the lease's local deadline on, or once a refresh found it gone or
-        someone else's, or the release found it someone else's (or gone after it
-        could have run out); see ``Lease.lost``. No storage call."""
+        someone else's, or the release found it someone else's or gone (but by its
+        own first sending, before it could have run out); see ``Lease.lost``.
+        No storage call."""
         return self._lease is not None and self._lease.lost
 
     # -- sync ------------------------------------------------------------------
@@ -149,9 +150,9 @@ class Lock(AsyncLockMethods):
         refreshed) until that transaction commits or rolls back, so the next
         holder sees the work's effects. A failed release is logged and the
         lease left to expire; finding the key someone else's, or the lease
-        gone after it could have run out, marks it ``lost`` (gone before
-        that, this release may have ended it, sent twice after its reply was
-        lost: not a loss). Never raises for the storage's sake. Raises
+        gone, marks it ``lost`` (unless the backend says this release ended
+        it, sent twice after its reply was lost, before it could have run
+        out). Never raises for the storage's sake. Raises
         ``RuntimeError`` if this lock is not held.
         """
         lease = self._lease
@@ -279,7 +280,8 @@ class Lock(AsyncLockMethods):
         # Gone, and nobody else's: ended by this release sent twice (its reply
         # lost), unless the lease could have run out before it was sent.
         if found is Released.RELEASED or (found is Released.GONE and sent_at <= lease.valid_until):
-            notifier.run(lease.announce, lock_released)
+            if not lease.lost_event.is_set():  # never "released" after "lost"
+                notifier.run(lease.announce, lock_released)
         elif found is Released.GONE:
             lease.expire(inline=True)  # it could have run out before the release was sent
         else:

@@ -22,8 +22,9 @@ from django.test import override_settings
 
 import django_tasklock
 from django_tasklock.backends import get_backend, reset_backend
-from django_tasklock.backends.base import KEY_PREFIX, storage_key
+from django_tasklock.backends.base import KEY_PREFIX, Released, storage_key
 from django_tasklock.backends.redis import RedisBackend
+from django_tasklock.backends.redis.scripts import RELEASED_PREFIX
 from django_tasklock.checks import check_tasklock_settings
 from django_tasklock.service import TaskLockService, new_token
 from django_tasklock.testing.support import wait_until
@@ -62,7 +63,34 @@ def backend(raw: redis.Redis) -> RedisBackend:
 
 
 def _ours(client: redis.Redis, key: str) -> set[str]:
-    return {k.decode() for k in client.scan_iter(match=f"*{key}*")}
+    """The keys carrying ``key``, but a release's tombstone (see the test below)."""
+    found = {k.decode() for k in client.scan_iter(match=f"*{key}*")}
+    return {k for k in found if not k.startswith(RELEASED_PREFIX)}
+
+
+def test_release_leaves_only_a_short_lived_tombstone_of_its_own_token(
+    raw: redis.Redis, backend: RedisBackend, key: str
+) -> None:
+    token = new_token()
+    assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+    assert backend.release_outcome(key, token) is Released.RELEASED
+    tombstone = f"{RELEASED_PREFIX}{key}@{token}"
+    assert {k.decode() for k in raw.scan_iter(match=f"*{key}*")} == {tombstone}
+    assert 0 < raw.pttl(tombstone) <= 60_000
+    # Sent again (its reply lost): this release ended it, not a loss.
+    assert backend.release_outcome(key, token) is Released.GONE
+    # Gone without this release ending it: expired, force-released, evicted.
+    other = new_token()
+    assert backend.acquire(key, other, ttl=LONG, max_lifetime=LIFE)
+    assert backend.force_release(key) is not None
+    assert backend.release_outcome(key, other) is Released.LOST
+    assert backend.release_outcome(key, token) is Released.GONE, "another lease's end is not ours"
+    # With min_hold: cut to end later, then sent again once that has passed.
+    held, hold = new_token(), timedelta(seconds=0.3)
+    assert backend.acquire(key, held, ttl=LONG, max_lifetime=LIFE)
+    assert backend.release_outcome(key, held, min_hold=hold) is Released.RELEASED
+    wait_until(lambda: backend.peek(key) is None, timeout=3)
+    assert backend.release_outcome(key, held, min_hold=hold) is Released.GONE
 
 
 # -- the stored key -----------------------------------------------------------------

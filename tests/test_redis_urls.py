@@ -7,6 +7,10 @@ the URL is refused. Sentinel URLs against a real sentinel: ``test_sentinel.py``.
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -166,3 +170,54 @@ def test_a_plain_url_with_options_works_against_redis() -> None:
     url = str(settings.REDIS_URL)
     client = client_from_url(url + "?client_name=tasklock-url-test&socket_timeout=2")
     assert client.client_getname() == "tasklock-url-test"
+
+
+def _retries(client: Any) -> int:
+    retry = client.get_retry()
+    return 0 if retry is None else int(retry.get_retries())
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:1/0",
+        "rediss://127.0.0.1:1/0",
+        "unix:///tmp/nosuch.sock",
+        "redis+sentinel://127.0.0.1:1/mymaster/0",
+    ],
+)
+def test_clients_made_from_a_url_do_not_retry(url: str) -> None:
+    """As ``redis.Redis.from_url`` made them: a call lasts one socket timeout at most."""
+    client = client_from_url(url)
+    assert _retries(client) == 0
+    manager = getattr(client.connection_pool, "sentinel_manager", None)
+    for sentinel in manager.sentinels if manager is not None else ():
+        assert _retries(sentinel) == 0, "a sentinel client retries"
+
+
+def test_a_url_client_facing_a_black_hole_fails_after_one_socket_timeout() -> None:
+    """A server that accepts and never answers: one connection, one timeout, no retry."""
+    import redis
+
+    accepted: list[socket.socket] = []
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(50)
+        port = server.getsockname()[1]
+
+        def accept() -> None:
+            with contextlib.suppress(OSError):  # the listening socket closed
+                while True:
+                    accepted.append(server.accept()[0])
+
+        threading.Thread(target=accept, daemon=True).start()
+        client = client_from_url(f"redis://127.0.0.1:{port}/0?socket_timeout=0.3")
+        started = time.monotonic()
+        with pytest.raises(redis.TimeoutError):
+            client.get("tasklock-black-hole")
+        elapsed = time.monotonic() - started
+        time.sleep(0.2)  # any connection a retry opened is accepted by now
+    for connection in accepted:
+        connection.close()
+    assert len(accepted) == 1, f"{len(accepted)} connections for one command: it retried"
+    assert elapsed < 3.0, f"one command took {elapsed:.1f} s with a 0.3 s socket timeout"

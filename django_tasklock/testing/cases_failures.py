@@ -79,6 +79,24 @@ class FailureCases:
         assert not result.lost
         assert caplog.text.count("retrying") == 2
 
+    def test_a_lease_declared_lost_is_never_announced_released(
+        self, backend: BaseBackend, key: str, signals: SignalRecorder
+    ) -> None:
+        """The first refresh's reply comes after the deadline (the storage acted):
+        declared expired, the lease is kept by the next refresh and ended by the
+        release. The holder was told "lost"; "released" would contradict it."""
+        faulty = FaultyBackend(backend, late_refreshes=1, late_by=1.5)
+
+        def work() -> None:
+            wait_until(lambda: faulty.refresh_answers >= 2, timeout=10)
+
+        result = TaskLockService(faulty).run_exclusive(key, work, ttl=2.0, refresh_interval=1.0)
+        assert result.lost
+        time.sleep(0.2)  # a loss declared by the watcher is announced by the notifier
+        sent = [name for name, _ in signals.sent]
+        assert sent == ["acquired", "lost"], f"signals sent: {sent}"
+        assert backend.peek(key) is None, "the release did not end the lease"
+
     # -- 8. errors are not "held" --------------------------------------------------
 
     def test_unreachable_storage_raises_instead_of_held(

@@ -202,6 +202,24 @@ class LeaseCases:
         assert [name for name, _ in signals.sent] == ["acquired", "released"]
         assert all(kw["key"] == key and kw["holder"].pid == os.getpid() for _, kw in signals.sent)
 
+    def test_release_reports_a_lease_force_released_under_it(
+        self, service: TaskLockService, backend: BaseBackend, key: str, signals: SignalRecorder
+    ) -> None:
+        """Force-released between two refreshes, a successor ran meanwhile: the
+        release that finds the key free declares the loss (no refresh came due)."""
+        ran: list[object] = []
+
+        def work() -> str:
+            assert backend.force_release(key) is not None
+            ran.append(service.run_exclusive(key, lambda: "successor", ttl=LONG).result)
+            return "first"
+
+        result = service.run_exclusive(key, work, ttl=LONG, refresh_interval=10)
+        assert (ran, result.result) == (["successor"], "first")
+        assert result.lost, "the release found the key free and told nobody"
+        losses = [kw["reason"] for name, kw in signals.sent if name == "lost"]
+        assert losses in (["released_by_operator"], ["taken"]), signals.sent
+
     def test_held_key_runs_nothing_and_calls_on_locked(
         self, service: TaskLockService, backend: BaseBackend, key: str
     ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 from django_tasklock.backends.base import BaseBackend, HeldLock, Released
@@ -13,16 +14,29 @@ class InjectedFault(ConnectionError):
 
 class FaultyBackend(BaseBackend):
     """Wraps a real backend; its first ``refresh_failures`` refreshes, and every
-    release when ``release_fails``, raise :class:`InjectedFault` instead."""
+    release when ``release_fails``, raise :class:`InjectedFault` instead.
+
+    ``late_refreshes``: that many refreshes (after the failures) answer
+    ``late_by`` seconds after the storage acted, as a reply held up on its way.
+    ``refresh_answers`` counts the refreshes answered."""
 
     def __init__(
-        self, inner: BaseBackend, *, refresh_failures: int = 0, release_fails: bool = False
+        self,
+        inner: BaseBackend,
+        *,
+        refresh_failures: int = 0,
+        release_fails: bool = False,
+        late_refreshes: int = 0,
+        late_by: float = 0.0,
     ) -> None:
         self.inner = inner
         self.capabilities = inner.capabilities  # type: ignore[misc]
         self.refresh_failures = refresh_failures
         self.release_fails = release_fails
+        self.late_refreshes = late_refreshes
+        self.late_by = late_by
         self.refresh_calls = 0
+        self.refresh_answers = 0
 
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         return self.inner.acquire(key, token, ttl=ttl, max_lifetime=max_lifetime)
@@ -31,7 +45,11 @@ class FaultyBackend(BaseBackend):
         self.refresh_calls += 1
         if self.refresh_calls <= self.refresh_failures:
             raise InjectedFault("injected refresh failure")
-        return self.inner.refresh(key, token, ttl=ttl, max_lifetime=max_lifetime)
+        answer = self.inner.refresh(key, token, ttl=ttl, max_lifetime=max_lifetime)
+        if self.refresh_calls <= self.refresh_failures + self.late_refreshes:
+            time.sleep(self.late_by)
+        self.refresh_answers += 1
+        return answer
 
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
         if self.release_fails:

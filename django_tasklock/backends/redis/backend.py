@@ -37,7 +37,13 @@ from django_tasklock.backends.base import (
 from django_tasklock.backends.forksafe import ForkSafeLock
 from django_tasklock.backends.redis.checks import check_redis
 from django_tasklock.backends.redis.connections import connect
-from django_tasklock.backends.redis.scripts import FENCE_PREFIX, PRELUDE, SCRIPTS
+from django_tasklock.backends.redis.scripts import (
+    FENCE_PREFIX,
+    PRELUDE,
+    RELEASED_MS,
+    RELEASED_PREFIX,
+    SCRIPTS,
+)
 from django_tasklock.backends.redis.urls import RedisURLError, parse_url
 
 if TYPE_CHECKING:
@@ -178,14 +184,20 @@ class RedisBackend(BaseBackend):
     def release_outcome(
         self, key: str, token: str, *, min_hold: timedelta | None = None
     ) -> Released:
-        """:meth:`release`; ``GONE`` whenever the key is gone.
+        """:meth:`release`; ``GONE`` only when this release, sent before, ended the lease.
 
-        Redis drops an expired key, and a client that retries may have run
-        the script already: a missing key cannot be told from either.
+        A client that retries may have run the script already (its reply
+        lost): ending a lease leaves a tombstone naming the token for 60 s (one
+        more ``SET``), which the same release sent again finds. A key gone
+        without it (expired, force-released, evicted) is ``LOST``.
         """
         hold_ms = 0 if min_hold is None else _ms(min_hold)
-        reply = int(self._run("release", storage_key(key), token, hold_ms))
-        return {1: Released.RELEASED, 2: Released.GONE}.get(reply, Released.LOST)
+        self._conn()
+        reply = self._scripts["release"](
+            keys=[storage_key(key), f"{RELEASED_PREFIX}{key}@{token}"],
+            args=[token, hold_ms, RELEASED_MS],
+        )
+        return {1: Released.RELEASED, 2: Released.GONE}.get(int(reply), Released.LOST)
 
     def fence(self, key: str, token: str) -> int | None:
         """``INCR tasklock-fence:<key>`` in the same script that checks the lease.

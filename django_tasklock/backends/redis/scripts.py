@@ -29,10 +29,15 @@ end
 """
 
 # Each script but "refresh_many" takes KEYS[1], the stored key ("fence" also
-# KEYS[2], the key's counter).
+# KEYS[2], the key's counter; "release" KEYS[2], its tombstone).
 #: Fence counters live outside the lock namespace (``task-lock:``), so that
 #: SCAN-based listing and sweeping never see them; they have no TTL.
 FENCE_PREFIX = "tasklock-fence:"
+#: A release that ends a lease leaves ``tasklock-released:<key>@<token>`` for
+#: this long, so that the same release sent again (its reply lost) can tell
+#: its own deletion from a lease that expired or was force-released.
+RELEASED_PREFIX = "tasklock-released:"
+RELEASED_MS = 60_000
 SCRIPTS = {
     # ARGV: token, lease_ms, stale_ms. 1 if acquired, also when the lease is
     # already this token's (this script run again after its reply was lost).
@@ -73,23 +78,32 @@ for i, key in ipairs(KEYS) do
 end
 return out
 """,
-    # ARGV: token, min_hold_ms (0: none). 1 if ended (deleted, or cut to end at
-    # acquisition + min_hold while that is still ahead); 0 if the key is
-    # someone else's; 2 if it is gone (expired, or this script run again
-    # after its reply was lost: Redis cannot tell).
+    # KEYS[2]: this release's tombstone. ARGV: token, min_hold_ms (0: none),
+    # tombstone_ms. 1 if ended (deleted, or cut to end at acquisition +
+    # min_hold while that is still ahead), leaving the tombstone; 0 if the key
+    # is someone else's; 2 if it is gone and the tombstone is there (this
+    # script run again after its reply was lost); 3 if it is gone otherwise
+    # (expired, force-released, evicted: a loss).
     "release": """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 2 end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  if redis.call('GET', KEYS[2]) == ARGV[1] then return 2 end
+  return 3
+end
 local token, at = parse(redis.pcall('GET', KEYS[1]))
 if token ~= ARGV[1] then return 0 end
 local hold = tonumber(ARGV[2])
+local keep = tonumber(ARGV[3])
 if hold > 0 then
   local left = at + hold - now_ms()
   if left > 0 then
     redis.call('PEXPIRE', KEYS[1], left)
+    redis.call('SET', KEYS[2], ARGV[1], 'PX', left + keep)
     return 1
   end
 end
-return redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[2], ARGV[1], 'PX', keep)
+return 1
 """,
     # ARGV: a token as "inspect" gives it (a foreign value: the whole value).
     # 1 if that lease was deleted; a successor's is never touched.

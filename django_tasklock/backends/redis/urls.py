@@ -7,9 +7,10 @@ redis-py and connects to nothing. :func:`client_from_url` makes the client.
 ``redis+sentinel://[[username]:password@]host:port[,host:port...]/service_name[/db]``
 asks those sentinels for the master of ``service_name`` and follows it across
 failovers (redis-py's ``Sentinel.master_for``); the username and password are
-the master's. Every client gets 10 s socket timeouts, so that a Redis that
-stops answering cannot stall the heartbeat for ever; the query string's
-options win over them. A query option is honoured or the URL is rejected,
+the master's. Every client gets 10 s socket timeouts and no retries (the
+sentinels' clients too), so that a Redis that stops answering stalls the
+heartbeat for one timeout per call; the query string's options win over
+the timeouts. A query option is honoured or the URL is rejected,
 never silently ignored.
 """
 
@@ -219,9 +220,17 @@ def _options(query: str, bad: Callable[[str], RedisURLError]) -> dict[str, Any]:
 def client_from_url(url: str, setting: str = SETTING) -> redis.Redis:
     """A redis-py client for ``url`` (see :func:`parse_url`); connects on first command."""
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
     parsed = parse_url(url, setting)
-    options: dict[str, Any] = {"socket_timeout": TIMEOUT_S, "socket_connect_timeout": TIMEOUT_S}
+    # No retries, as redis-py's from_url gave (redis-py 8's Redis() retries 10
+    # times): a Redis that stops answering costs one socket timeout per call.
+    options: dict[str, Any] = {
+        "socket_timeout": TIMEOUT_S,
+        "socket_connect_timeout": TIMEOUT_S,
+        "retry": Retry(NoBackoff(), 0),
+    }
     options.update(parsed.options)
     auth: dict[str, Any] = {
         "db": parsed.db,
@@ -237,7 +246,11 @@ def client_from_url(url: str, setting: str = SETTING) -> redis.Redis:
         return redis.Redis(host, port, **auth, **options)
     from redis.sentinel import Sentinel
 
-    shared = {name: value for name, value in options.items() if name in SENTINEL_SHARED}
+    shared = {
+        name: value
+        for name, value in options.items()
+        if name in SENTINEL_SHARED or name == "retry"
+    }
     sentinel = Sentinel(list(parsed.hosts), sentinel_kwargs=shared)  # type: ignore[no-untyped-call]
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
         parsed.service, **auth, **options
