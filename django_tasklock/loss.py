@@ -1,8 +1,9 @@
 """Acting on a lost lease: checking for it, waiting for it, and finding the lock to check.
 
-A loss is declared by the heartbeat (or the thread that watches deadlines)
-on the :class:`~django_tasklock.lease.Lease`; nothing here talks to the
-storage. :class:`ActsOnLoss` gives the :class:`~django_tasklock.lock.Lock`
+A loss is declared on the :class:`~django_tasklock.lease.Lease` by the
+heartbeat, the deadline watcher, the release, or whichever thread first reads
+``lost`` past the deadline; nothing here talks to the storage.
+:class:`ActsOnLoss` gives the :class:`~django_tasklock.lock.Lock`
 its ``raise_if_lost()``, ``lost_event``, ``wait_lost()`` and ``progress()``;
 :func:`current_lock` and :func:`checkpoint` let code reach the lock it runs
 under without being handed it (``@exclusive`` functions, ``run_exclusive``'s
