@@ -44,11 +44,12 @@ def off_loop(fn: Callable[..., T]) -> Callable[..., Coroutine[Any, Any, T]]:
 class LossCanceller:
     """Cancels one asyncio task at its lease's declared loss (``cancel_on_loss=True``).
 
-    The loss is declared on another thread (the heartbeat's, or the one that
-    watches deadlines); that thread only schedules the cancellation on the
-    task's loop, which does it at the task's next ``await``. :meth:`settle`
-    then tells this cancellation from one that came from outside, which must
-    still propagate as ``CancelledError``.
+    The loss is declared on whichever thread notices it first (the
+    heartbeat's, the deadline watcher's, or one reading ``lost``); that thread
+    only schedules the cancellation on the task's loop, which does it at the
+    task's next ``await``. :meth:`settle` then tells this cancellation from
+    one that came from outside, which must still propagate as
+    ``CancelledError``.
     """
 
     #: The message of our cancellation (how it is told apart on Python 3.10).

@@ -16,7 +16,8 @@ well), or, lost past its deadline, its refresh fails; given a
 ``progress_timeout``, also when its work stopped calling ``Lock.progress()``
 (``lock_stalled``; it then runs out and is declared lost by its deadline).
 Losses by the clock are the deadline watcher's to declare (see ``watchdog``),
-whatever this thread is doing; this thread declares those its answers reveal.
+whatever this thread is doing; this thread declares those its answers reveal,
+and a lease it finds past its deadline before sending (after a suspend).
 It never runs a receiver or a log handler: those run on the notifier thread
 (see ``notifier``).
 

@@ -124,6 +124,8 @@ class Lease:
         self.valid_until = asked_at + min(options.ttl, options.max_lifetime).total_seconds()
         #: What the refresh under way confirms if it succeeds (set by the heartbeat).
         self.confirmed_until = self.valid_until
+        #: :func:`clock` when the storage last said the lease is ours (acquisition, refresh).
+        self.answered_at = asked_at
         #: Set when the lease leaves the heartbeat (released); ``lost`` is then final.
         self.closed = False
         #: True while a refresh of it is under way (under the heartbeat's lock).

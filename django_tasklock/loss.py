@@ -1,8 +1,9 @@
 """Acting on a lost lease: checking for it, waiting for it, and finding the lock to check.
 
-A loss is declared by the heartbeat (or the thread that watches deadlines)
-on the :class:`~django_tasklock.lease.Lease`; nothing here talks to the
-storage. :class:`ActsOnLoss` gives the :class:`~django_tasklock.lock.Lock`
+A loss is declared on the :class:`~django_tasklock.lease.Lease` by the
+heartbeat, the deadline watcher, the release, or whichever thread first reads
+``lost`` past the deadline; nothing here talks to the storage.
+:class:`ActsOnLoss` gives the :class:`~django_tasklock.lock.Lock`
 its ``raise_if_lost()``, ``lost_event``, ``wait_lost()`` and ``progress()``;
 :func:`current_lock` and :func:`checkpoint` let code reach the lock it runs
 under without being handed it (``@exclusive`` functions, ``run_exclusive``'s
@@ -93,12 +94,23 @@ class ActsOnLoss:
             self._canceller = LossCanceller(self._lease, task)
 
     def leave_body(self, error: BaseException | None) -> LockLost | None:
-        """The body ended (with ``error``): the ``LockLost`` to raise if the loss stopped it."""
+        """The body ended (with ``error``): the ``LockLost`` to raise if the loss stopped it.
+
+        With ``cancel_on_loss``, also when the body returned after the
+        declaration without reaching another ``await`` (it blocked the event
+        loop, so the cancellation never landed): its result was made partly
+        without the lock, as the sync ``@exclusive(on_lost="raise")`` says at return.
+        """
         leave(self._context)
         canceller, self._context, self._canceller = self._canceller, None, None
-        if canceller is None or not canceller.settle(error):
+        if canceller is None:
             return None
         lease = self._lease
+        stopped = canceller.settle(error)
+        if not stopped and error is None and lease is not None and lease.lost:
+            stopped = True
+        if not stopped:
+            return None
         return LockLost(self.key, lease.reason if lease is not None else None)
 
     def _no_cancel_on_loss(self) -> None:

@@ -47,13 +47,20 @@ class BatchRefresher:
             if lease.closed:
                 continue
             if not still_ours:
-                if not lease.lost_event.is_set():
-                    looks -= 1
-                    lease.declare(lease.found_not_ours() if looks >= 0 else TAKEN)
+                if lease.lost_event.is_set():
+                    continue
+                if clock() >= lease.valid_until:
+                    # Past its deadline (a suspend during the call): it may simply
+                    # have run out, so no look can tell "taken" or "released".
+                    lease.expire()
+                    continue
+                looks -= 1
+                lease.declare(lease.found_not_ours() if looks >= 0 else TAKEN)
                 continue
             # Still ours, even if declared lost by its deadline while the call
             # was under way: nobody held the key meanwhile, so keep it.
             lease.valid_until = lease.confirmed_until
+            lease.answered_at = clock()
             again.append(lease)
         return again
 
@@ -100,6 +107,14 @@ class BatchRefresher:
             if now >= lease.deadline:
                 lease.lost  # noqa: B018 - declared by its deadline, if not yet
                 continue  # the storage would not extend it any more
+            if lease.answered_at < lease.valid_until <= now:
+                # Past its deadline with no answer since: this thread slept
+                # through it (a suspend, which the clock counts and the sleep
+                # does not), and the storage has most likely let it go. Declared
+                # "expired", not refreshed: a refresh would only find it gone.
+                # (One answered after its deadline, still ours, is kept.)
+                lease.lost  # noqa: B018 - declared by its deadline, if not yet
+                continue
             if lease.pending is None and lease.stalled(now):  # progress_timeout passed
                 if now < lease.valid_until:
                     lease.next_due = lease.valid_until  # not refreshed: looked at as it runs out

@@ -6,8 +6,9 @@ naming host and pid; never the secret token); ``lock_skipped`` adds
 ``acquired_at`` and ``expires_at``. ``lock_lost`` also carries ``reason``,
 one of the strings in ``django_tasklock.reasons``; it is sent from the
 releasing thread when the release finds the loss, else from the notifier
-thread (see ``notifier``), never from the heartbeat or the deadline watcher;
-so is ``lock_stalled``.
+thread (see ``notifier``), never from the heartbeat or the deadline watcher
+(a release the heartbeat makes, after a rollback, sends it from the notifier
+too). ``lock_stalled`` is always sent from the notifier thread.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ lock_acquired = Signal()
 lock_released = Signal()
 lock_lost = Signal()
 #: A lease with ``progress_timeout`` whose work stopped calling ``progress()``: no
-#: longer refreshed, it will run out. Sent once, from the heartbeat thread.
+#: longer refreshed, it will run out. Sent once, from the notifier thread (the
+#: heartbeat notices it, and never runs a receiver itself).
 lock_stalled = Signal()
 #: ``@exclusive``, ``run_exclusive`` or ``arun_exclusive`` did not run its work: the
 #: key was held. Sent on the caller's thread with ``key``, ``holder`` (None if the

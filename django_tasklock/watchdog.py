@@ -7,7 +7,10 @@ worker may hold the key, whatever the heartbeat is doing: waiting for a
 storage that stopped answering, between two attempts after a refused
 connection, or idle. So this thread sleeps until the earliest ``valid_until``
 of the process's leases and declares each lease whose deadline has passed
-(``reason`` ``"expired"`` or ``"max_lifetime"``). It never calls the storage,
+(``reason`` ``"expired"`` or ``"max_lifetime"``). It sleeps in slices of at
+most ``SLICE`` seconds: its sleep runs on the monotonic clock, which stops
+while the machine is suspended, and the deadlines on :func:`clock`, which does
+not, so a resume past a deadline is noticed within a slice. It never calls the storage,
 a receiver or a log handler: the warning and ``lock_lost`` go to the
 notifier thread (see ``notifier``), so nothing but the CPU delays it.
 
@@ -41,6 +44,9 @@ if TYPE_CHECKING:
 
 # Released leases tolerated in the heap before it is compacted.
 _COMPACT_AFTER = 64
+# The longest sleep while leases are watched: the sleep runs on the monotonic
+# clock, which stops during a suspend, so a resume is noticed within this.
+SLICE = 1.0
 
 
 class DeadlineWatcher:
@@ -106,7 +112,7 @@ class DeadlineWatcher:
                     self._wake_at = -math.inf
                     return due
                 self._wake_at = self._heap[0][0] if self._heap else math.inf
-                self._cond.wait(None if not self._heap else self._wake_at - now)
+                self._cond.wait(None if not self._heap else min(self._wake_at - now, SLICE))
 
     def _run(self) -> None:
         mark_background()
