@@ -243,9 +243,9 @@ def _wrap(
             finally:
                 loss.leave(context)
             refuse_coroutine(default_key(func), result, advice=advice)
-            if stop:  # lost while it ran, with no checkpoint after: its result is suspect
-                held.raise_if_lost()
-            return result
+        if stop:  # lost while it ran (or found lost by the release): its result is suspect
+            held.raise_if_lost()
+        return result
 
     return wrapper
 

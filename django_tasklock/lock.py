@@ -107,9 +107,9 @@ class Lock(AsyncLockMethods):
 
     @property
     def lost(self) -> bool:
-        """True from the lease's local deadline on, or once a refresh found it gone or
-        someone else's, or the release found it someone else's or gone (but by its
-        own first sending, before it could have run out); see ``Lease.lost``.
+        """True from the lease's local deadline on, or once a refresh or the release
+        found it gone or someone else's (a release sent twice that finds its own
+        lease gone, before it could have run out, is no loss); see ``Lease.lost``.
         No storage call."""
         return self._lease is not None and self._lease.lost
 
@@ -150,10 +150,10 @@ class Lock(AsyncLockMethods):
         refreshed) until that transaction commits or rolls back, so the next
         holder sees the work's effects. A failed release is logged and the
         lease left to expire; finding the key someone else's, or the lease
-        gone, marks it ``lost`` (unless the backend says this release ended
-        it, sent twice after its reply was lost, before it could have run
-        out). Never raises for the storage's sake. Raises
-        ``RuntimeError`` if this lock is not held.
+        gone, marks it ``lost`` — unless the backend answers that the release
+        was sent twice (its reply lost) and found its own lease gone, and
+        it was sent before the lease could have run out. Never raises for the
+        storage's sake. Raises ``RuntimeError`` if this lock is not held.
         """
         lease = self._lease
         if lease is None or not self._held:
@@ -282,8 +282,10 @@ class Lock(AsyncLockMethods):
         if found is Released.RELEASED or (found is Released.GONE and sent_at <= lease.valid_until):
             if not lease.lost_event.is_set():  # never "released" after "lost"
                 notifier.run(lease.announce, lock_released)
-        elif found is Released.GONE:
-            lease.expire(inline=True)  # it could have run out before the release was sent
+        elif found is Released.GONE or sent_at >= lease.valid_until:
+            # It could have run out before the release was sent: an expiry,
+            # whatever was at the key when the release looked.
+            lease.expire(inline=True)
         else:
             lease.declare(lease.found_not_ours())
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from django_tasklock import loss
 from django_tasklock.aio import keep, off_loop
-from django_tasklock.exceptions import LockNotAcquired
+from django_tasklock.exceptions import LockLost, LockNotAcquired
 from django_tasklock.waiting import Backoff
 
 if TYPE_CHECKING:
@@ -81,8 +81,9 @@ class AsyncLockMethods(loss.ActsOnLoss):
     async def arelease(self) -> None:
         """:meth:`release` off the event loop; it completes even if the caller is cancelled.
 
-        A release already under way for the same grant (one whose caller was
-        cancelled while it ran) makes this one do nothing, not raise.
+        Queued behind a release of the same grant that has not started yet (one
+        whose caller was cancelled), this one does nothing; once that release
+        has begun, the lock is no longer held and this raises ``RuntimeError``.
         """
         if self._lease is None or not self._held:
             raise RuntimeError(f"task lock {self.key!r} is not held")
@@ -102,6 +103,12 @@ class AsyncLockMethods(loss.ActsOnLoss):
     ) -> None:
         stopped = self.leave_body(exc)
         await self.arelease()
+        lease = self._lease
+        found_by_release = self.cancel_on_loss and lease is not None and lease.lost
+        if stopped is None and exc is None and found_by_release:
+            # Only the release found the loss: the result was made without the lock.
+            assert lease is not None
+            stopped = LockLost(self.key, lease.reason)
         if stopped is not None:
             raise stopped from exc
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 EXPIRED = "expired"
 #: A refresh or the release found the key held by another lease.
 TAKEN = "taken"
-#: A refresh or the release found the key free before the local deadline:
+#: A refresh or the release found the key free before the local deadline (a
+#: release sent twice that finds its own lease gone is no loss):
 #: someone deleted the lease (``manage.py tasklock release``, the admin, a
 #: hand-written DELETE), or the storage lost it (a Redis restarted without
 #: persistence).

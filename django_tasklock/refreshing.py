@@ -108,9 +108,10 @@ class BatchRefresher:
                 lease.lost  # noqa: B018 - declared by its deadline, if not yet
                 continue  # the storage would not extend it any more
             if lease.answered_at < lease.valid_until <= now:
-                # Past its deadline with no answer since: this thread slept
+                # Past its deadline with no answer since: not refreshed on
+                # purpose (a progress_timeout stall, below) or this thread slept
                 # through it (a suspend, which the clock counts and the sleep
-                # does not), and the storage has most likely let it go. Declared
+                # does not); the storage has most likely let it go. Declared
                 # "expired", not refreshed: a refresh would only find it gone.
                 # (One answered after its deadline, still ours, is kept.)
                 lease.lost  # noqa: B018 - declared by its deadline, if not yet
