@@ -108,7 +108,10 @@ def test_python_block_runs_alone(page: str, line: int, code: str, skip: str | No
     if skip is not None:
         pytest.skip(f"{page}:{line}: {skip}")
     assert undefined_names(code) == set(), "the block needs names it does not define"
-    namespace: dict[str, Any] = {"__name__": "docs_example"}
+    # A module name per block: a Celery task two blocks both define (say
+    # rebuild_rollups) is then two task names, not one registered twice.
+    module = re.sub(r"\W", "_", f"docs_example_{page}_{line}")
+    namespace: dict[str, Any] = {"__name__": module}
     # The file name in a traceback says which block failed.
     exec(compile(code, f"{page}, block at line {line}", "exec"), namespace)
 
