@@ -79,7 +79,8 @@ def _thread_alias(base: str, **changes: Any) -> Iterator[str]:
 def _close_pool(alias: str) -> None:
     from django.db.backends.postgresql.base import DatabaseWrapper
 
-    pools: dict[str, Any] = DatabaseWrapper._connection_pools  # type: ignore[attr-defined]
+    # Django 5.1+; before it there is no pool to close.
+    pools: dict[str, Any] = getattr(DatabaseWrapper, "_connection_pools", {})
     if alias in pools:
         pools.pop(alias).close()
 
