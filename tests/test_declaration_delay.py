@@ -16,18 +16,17 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from django.db import connections, transaction
-from django.db.models import F
+from django.db import connections
 
 from django_tasklock.backends.base import BaseBackend
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.lease import Lease, clock
-from django_tasklock.models import CacheEntry
 from django_tasklock.service import TaskLockService
 from django_tasklock.testing import ContractBackend
 from tests.conftest import database_backend, redis_backend, require_service
 from tests.servers import PrivateRedis, private_redis
+from tests.test_stalled_refresh import _block_row
 from tests.wrapped import Wrapped
 
 pytestmark = [pytest.mark.slow, pytest.mark.databases]
@@ -167,16 +166,6 @@ def test_killed_connection_is_no_loss(storage: ContractBackend, key: str) -> Non
             held = backend.peek(key)
             assert held is not None
             assert held.holder == lease.holder
-
-
-def _block_row(alias: str, stored: str, seconds: float, started: threading.Event) -> None:
-    try:
-        with transaction.atomic(using=alias):
-            CacheEntry.objects.using(alias).filter(key=stored).update(value=F("value"))
-            started.set()
-            time.sleep(seconds)
-    finally:
-        connections[alias].close()
 
 
 def test_stalled_storage(storage: ContractBackend, key: str) -> None:
