@@ -39,6 +39,25 @@ def a_write_of(storage: str, backend: BaseBackend, key: str) -> Callable[[bytes]
     return lambda data: stored in data and inspect not in data
 
 
+def successor_after_the_drop(
+    proxy: FaultProxy, direct: BaseBackend, key: str, successor: str
+) -> tuple[threading.Thread, list[bool]]:
+    """A thread that, once the proxy has dropped a reply, acquires ``key`` for
+    ``successor`` directly (while the re-send is delayed); its answer goes in the list."""
+    took: list[bool] = []
+
+    def successor_takes() -> None:
+        try:
+            wait_until(lambda: proxy.dropped == 1, timeout=20)
+            took.append(direct.acquire(key, successor, ttl=LONG, max_lifetime=LIFE))
+        finally:
+            direct.close()  # this thread's connection
+
+    thread = threading.Thread(target=successor_takes)
+    thread.start()
+    return thread, took
+
+
 # -- 1. force release ------------------------------------------------------------
 
 
@@ -51,17 +70,7 @@ def test_force_release_whose_reply_was_lost_never_ends_the_successors_lease(
         deletion = a_write_of(storage, operator, key)
         proxy.drop_reply(match=deletion)
         proxy.delay(2.0, match=deletion)  # the re-send waits while a successor takes the key
-        took: list[bool] = []
-
-        def successor_takes() -> None:
-            try:
-                wait_until(lambda: proxy.dropped == 1, timeout=20)
-                took.append(direct.acquire(key, successor, ttl=LONG, max_lifetime=LIFE))
-            finally:
-                direct.close()  # this thread's connection
-
-        thread = threading.Thread(target=successor_takes)
-        thread.start()
+        thread, took = successor_after_the_drop(proxy, direct, key, successor)
         released = operator.force_release(key)
         thread.join(30)
     assert took == [True], "the first deletion did not happen, or the successor could not take"
@@ -125,17 +134,7 @@ def test_release_sent_again_after_a_successor_took_the_key_is_a_loss(
         deletion = statement_of(storage, backend, "release", b"task-lock:")
         proxy.drop_reply(match=deletion)
         proxy.delay(2.0, match=deletion)
-        took: list[bool] = []
-
-        def successor_takes() -> None:
-            try:
-                wait_until(lambda: proxy.dropped == 1, timeout=20)
-                took.append(direct.acquire(key, successor, ttl=LONG, max_lifetime=LIFE))
-            finally:
-                direct.close()
-
-        thread = threading.Thread(target=successor_takes)
-        thread.start()
+        thread, took = successor_after_the_drop(proxy, direct, key, successor)
         lock.release()
         thread.join(30)
     assert took == [True]
