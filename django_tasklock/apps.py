@@ -32,7 +32,9 @@ class TaskLockConfig(AppConfig):
 
     def ready(self) -> None:
         from django_tasklock.checks import check_tasklock_settings
+        from django_tasklock.contrib.checks import check_integrations
 
         checks.register(check_tasklock_settings)
+        checks.register(check_integrations)
 
         setting_changed.connect(_forget_backend, dispatch_uid="django_tasklock.reset")
