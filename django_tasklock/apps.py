@@ -31,10 +31,17 @@ class TaskLockConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        from django_tasklock.checks import check_tasklock_settings
+        from django_tasklock.checks import (
+            check_health_setting,
+            check_lock_health,
+            check_tasklock_settings,
+        )
         from django_tasklock.contrib.checks import check_integrations
 
         checks.register(check_tasklock_settings)
         checks.register(check_integrations)
+        checks.register(check_health_setting, "tasklock")
+        # Reads the storage: only with --deploy (``check --deploy --tag tasklock``).
+        checks.register(check_lock_health, "tasklock", deploy=True)
 
         setting_changed.connect(_forget_backend, dispatch_uid="django_tasklock.reset")

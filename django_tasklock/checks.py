@@ -49,3 +49,75 @@ def check_tasklock_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
             )
         )
     return errors
+
+
+def check_health_setting(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from django_tasklock.health import limits
+
+    try:
+        limits()
+    except ImproperlyConfigured as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="TASKLOCK_HEALTH maps key patterns ('*' or a template's {field} matches "
+                "any characters) to a max_held duration, or to a dict of max_held, ttl, "
+                "refresh_interval and max_lifetime, each seconds or a timedelta.",
+                id="django_tasklock.E010",
+            )
+        ]
+    return []
+
+
+_HINTS = {
+    "held_too_long": (
+        "django_tasklock.W010",
+        "manage.py tasklock list shows its holder (host and pid); if it may run this "
+        "long, raise max_held in TASKLOCK_HEALTH.",
+    ),
+    "refresh_overdue": (
+        "django_tasklock.W011",
+        "Its holder's refreshes are late or stopped (a slow or blocked storage, a paused "
+        "process): manage.py tasklock list shows the holder. If its lock uses another ttl "
+        "or refresh_interval, give them in its TASKLOCK_HEALTH entry.",
+    ),
+    "heartbeat_behind": (
+        "django_tasklock.W012",
+        "This process's refreshes wait on the lock storage: look for a slow or blocked "
+        "database (a row lock) or Redis.",
+    ),
+}
+
+
+def check_lock_health(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Deploy check (tag ``tasklock``): locks held too long, heartbeats behind.
+
+    Reads the storage only when ``TASKLOCK_HEALTH`` names patterns; a storage
+    that cannot be read is a warning (``W013``), not an error.
+    """
+    from django_tasklock.health import heartbeat_findings, lease_findings, limits
+    from django_tasklock.service import TaskLockService
+
+    found = heartbeat_findings()
+    messages: list[checks.CheckMessage] = []
+    try:
+        entries = limits()
+    except ImproperlyConfigured:
+        entries = []  # reported as E010 by check_health_setting
+    if entries:
+        try:
+            found += lease_findings(TaskLockService().backend.list(), entries)
+        except Exception as exc:
+            messages.append(
+                checks.Warning(
+                    f"Could not list the task locks to check their health: "
+                    f"{type(exc).__name__}: {exc}",
+                    hint="Is the lock storage (TASKLOCK_BACKEND) reachable from here?",
+                    id="django_tasklock.W013",
+                )
+            )
+    warnings: list[checks.CheckMessage] = []
+    for finding in found:
+        check_id, hint = _HINTS[finding.kind]
+        warnings.append(checks.Warning(finding.describe(), hint=hint, id=check_id))
+    return warnings + messages

@@ -48,5 +48,10 @@ class Settings:
     def DEFAULTS(self) -> dict[str, Any]:
         return dict(getattr(settings, "TASKLOCK_DEFAULTS", None) or {})
 
+    @property
+    def HEALTH(self) -> Any:
+        """``TASKLOCK_HEALTH`` as given (validated by ``health.limits()``); None when absent."""
+        return getattr(settings, "TASKLOCK_HEALTH", None)
+
 
 conf = Settings()

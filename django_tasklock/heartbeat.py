@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 from django_tasklock.lease import clock
 from django_tasklock.notifier import log, mark_background
 from django_tasklock.refreshing import BatchRefresher
+from django_tasklock.ticks import tick_ended, tick_started
 from django_tasklock.watchdog import watcher
 
 if TYPE_CHECKING:
@@ -209,6 +210,7 @@ class Heartbeat(BatchRefresher):
             for lease in due:
                 by_backend.setdefault(id(lease.backend), []).append(lease)
             for leases in by_backend.values():
+                tick = tick_started(leases)
                 try:
                     again = self._beat(leases)
                 except BaseException:  # the thread must go on
@@ -222,6 +224,7 @@ class Heartbeat(BatchRefresher):
                         interval = lease.options.refresh_interval.total_seconds()
                         lease.next_due = max(lease.next_due, clock() + interval)
                     again = leases
+                tick_ended(tick)
                 with self._cond:
                     for lease in again:
                         if not lease.closed:
