@@ -1,0 +1,120 @@
+"""A real stalled heartbeat, as the health check sees it.
+
+The holder's refresh is kept waiting (a row lock held by another transaction
+on the database; ``CLIENT PAUSE`` on a private Redis) for less than the ttl:
+the lock is not lost, but its heartbeat falls behind. This process sees its
+own tick running past the refresh interval (W012); the storage, where it can
+still be read, shows the lease not refreshed for more than two intervals
+(W011). Both clear once the storage answers again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from django.test import override_settings
+
+from django_tasklock.backends.database import DatabaseBackend
+from django_tasklock.backends.redis import RedisBackend
+from django_tasklock.checks import check_lock_health
+from django_tasklock.lease import clock
+from django_tasklock.service import TaskLockService
+from tests.conftest import DATABASE_ALIASES, require_service
+from tests.servers import PrivateRedis, private_redis
+from tests.test_stalled_refresh import _block_row
+
+pytestmark = pytest.mark.slow
+
+TTL = 8.0
+INTERVAL = 1.0
+STALL = 4.5  # longer than two intervals, shorter than the ttl: behind, not lost
+W011, W012, W013 = (f"django_tasklock.W01{n}" for n in (1, 2, 3))
+
+
+def _ids() -> set[str]:
+    return {message.id for message in check_lock_health()}
+
+
+def _until(wanted: set[str], *, within: float) -> set[str]:
+    """Run the check until it reports ``wanted`` (or exactly nothing, for an empty set)."""
+    deadline = clock() + within
+    while True:
+        found = _ids()
+        if (wanted <= found if wanted else not found) or clock() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+@pytest.fixture(params=["default", "postgres", "mariadb"], ids=["sqlite", "postgres", "mariadb"])
+def alias(request: pytest.FixtureRequest) -> str:
+    if request.param not in DATABASE_ALIASES:
+        require_service(request.param)
+    return str(request.param)
+
+
+@pytest.mark.databases
+def test_a_refresh_kept_waiting_by_a_row_lock(alias: str, key: str) -> None:
+    health = {key: {"ttl": TTL, "refresh_interval": INTERVAL}}
+    service = TaskLockService(DatabaseBackend(using=alias))
+    with (
+        override_settings(
+            TASKLOCK_BACKEND="database", TASKLOCK_DATABASE=alias, TASKLOCK_HEALTH=health
+        ),
+        service.lock(key, ttl=TTL, refresh_interval=INTERVAL) as lock,
+    ):
+        time.sleep(1.5 * INTERVAL)  # a refresh confirmed
+        assert _ids() == set()
+        started = threading.Event()
+        blocker = threading.Thread(
+            target=_block_row, args=(alias, f"task-lock:{key}", STALL, started)
+        )
+        blocker.start()
+        try:
+            assert started.wait(5)
+            blocked_at = clock()
+            # Reads are not blocked: the storage shows the lease falling behind too.
+            found = _until({W011, W012}, within=STALL - 0.5)
+            assert clock() < blocked_at + STALL, "the stall ended before it was seen: lengthen it"
+        finally:
+            blocker.join()
+        assert found == {W011, W012}
+        assert _until(set(), within=3 * INTERVAL) == set()  # refreshed again
+        assert not lock.lost
+
+
+@pytest.fixture
+def server() -> Iterator[PrivateRedis]:
+    with private_redis() as running:
+        yield running
+
+
+def test_a_refresh_kept_waiting_by_a_paused_redis(server: PrivateRedis, key: str) -> None:
+    # The holder waits longer than the pause; the check gives up after 1 s.
+    holder = RedisBackend(url=f"{server.url}?socket_timeout={TTL}")
+    health = {key: {"ttl": TTL, "refresh_interval": INTERVAL}}
+    admin = redis.Redis.from_url(server.url)
+    with (
+        override_settings(
+            TASKLOCK_BACKEND="redis",
+            TASKLOCK_REDIS_URL=f"{server.url}?socket_timeout=1",
+            TASKLOCK_HEALTH=health,
+        ),
+        TaskLockService(holder).lock(key, ttl=TTL, refresh_interval=INTERVAL) as lock,
+    ):
+        time.sleep(1.5 * INTERVAL)
+        assert _ids() == set()
+        paused_at = clock()
+        admin.client_pause(int(STALL * 1000), all=True)
+        try:
+            # A paused Redis cannot be read either: only this process's heartbeat tells.
+            found = _until({W012, W013}, within=STALL - 1.5)
+            assert clock() < paused_at + STALL, "the pause ended before it was seen: lengthen it"
+        finally:
+            admin.client_unpause()
+        assert found == {W012, W013}
+        assert _until(set(), within=3 * INTERVAL) == set()
+        assert not lock.lost
