@@ -36,7 +36,7 @@ W011, W012, W013 = (f"django_tasklock.W01{n}" for n in (1, 2, 3))
 
 
 def _ids() -> set[str]:
-    return {message.id for message in check_lock_health()}
+    return {str(message.id) for message in check_lock_health()}
 
 
 def _until(wanted: set[str], *, within: float) -> set[str]:
