@@ -269,3 +269,9 @@ def test_heartbeat_finding_describes_the_tick() -> None:
         assert message.id == "django_tasklock.W012"
     finally:
         ticks._last = saved
+
+
+def test_an_invalid_setting_is_left_to_e010_by_the_deploy_check() -> None:
+    with override_settings(TASKLOCK_HEALTH={"": 60}):
+        assert check_lock_health() == []
+        assert [m.id for m in check_health_setting()] == ["django_tasklock.E010"]

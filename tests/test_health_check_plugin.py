@@ -59,6 +59,16 @@ def test_a_lock_held_too_long_fails_the_view_naming_its_pattern(
 
 
 @needs_v4
+@override_settings(
+    ROOT_URLCONF="tests.health_urls",
+    TASKLOCK_BACKEND="redis",
+    TASKLOCK_REDIS_URL="redis://127.0.0.1:1/0",
+)
+def test_without_the_setting_only_this_processs_heartbeat_is_judged() -> None:
+    assert _get("/ht/") == (200, {NAME: "OK"})  # the storage, unreachable, is not read
+
+
+@needs_v4
 @override_settings(ROOT_URLCONF="tests.health_urls")
 def test_an_unreadable_storage_is_unavailable_without_its_details() -> None:
     with override_settings(
