@@ -5,17 +5,22 @@ on the database; ``CLIENT PAUSE`` on a private Redis) for less than the ttl:
 the lock is not lost, but its heartbeat falls behind. This process sees its
 own tick running past the refresh interval (W012); the storage, where it can
 still be read, shows the lease not refreshed for more than two intervals
-(W011). Both clear once the storage answers again.
+(W011). Both clear once the storage answers again. A holder in another
+process, paused (SIGSTOP), is seen through the storage only.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 import redis
+from django.conf import settings
 from django.test import override_settings
 
 from django_tasklock.backends.database import DatabaseBackend
@@ -23,7 +28,9 @@ from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.checks import check_lock_health
 from django_tasklock.lease import clock
 from django_tasklock.service import TaskLockService
+from django_tasklock.testing import BackendRecipe
 from tests.conftest import DATABASE_ALIASES, require_service
+from tests.fault_workers import hold_through
 from tests.servers import PrivateRedis, private_redis
 from tests.test_stalled_refresh import _block_row
 
@@ -118,3 +125,44 @@ def test_a_refresh_kept_waiting_by_a_paused_redis(server: PrivateRedis, key: str
         assert found == {W012, W013}
         assert _until(set(), within=3 * INTERVAL) == set()
         assert not lock.lost
+
+
+def test_a_holder_paused_in_another_process_is_seen_through_the_storage(key: str) -> None:
+    require_service("redis")
+    recipe = BackendRecipe(
+        backend="django_tasklock.backends.redis.RedisBackend",
+        kwargs={"url": settings.REDIS_URL},
+        settings={"INSTALLED_APPS": ["django_tasklock"]},
+    )
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    holder = ctx.Process(target=hold_through, args=(recipe, key, TTL, INTERVAL, theirs))
+    holder.start()
+    health = {key: {"ttl": TTL, "refresh_interval": INTERVAL}}
+    try:
+        assert ours.poll(60), "the holder never reported"
+        assert ours.recv() == "holding"
+        assert holder.pid is not None
+        with override_settings(
+            TASKLOCK_BACKEND="redis", TASKLOCK_REDIS_URL=settings.REDIS_URL, TASKLOCK_HEALTH=health
+        ):
+            time.sleep(1.5 * INTERVAL)
+            assert _ids() == set()
+            os.kill(holder.pid, signal.SIGSTOP)
+            stopped_at = clock()
+            try:
+                found = _until({W011}, within=STALL)
+                assert clock() < stopped_at + TTL, "the lease ran out before it was seen"
+            finally:
+                os.kill(holder.pid, signal.SIGCONT)
+            # This process's heartbeat holds nothing: only the storage tells.
+            assert found == {W011}
+            assert _until(set(), within=3 * INTERVAL) == set()
+        ours.send("done")
+        assert ours.poll(30), "the holder never finished"
+        outcome = ours.recv()
+        assert (outcome["acquired"], outcome["lost"]) == (True, False), outcome["log"]
+    finally:
+        holder.join(10)
+        if holder.is_alive():  # pragma: no cover - only when an assertion above failed
+            holder.kill()
