@@ -35,10 +35,10 @@ def hold_key(signals: str, key: str, job: str) -> str:
         return hold(job, signals)
 
 
-@db_task(retries=1, retry_delay=1)
+@db_task(retries=5, retry_delay=1)
 @lock_task(RETRIED_KEY, ttl=60)
 def retried(signals: str, job: str) -> str:
-    """The decorator form: a held lock makes Huey retry it once, a second later."""
+    """The decorator form: a held lock makes Huey retry it, a second later."""
     (Path(signals) / f"{job}.ran").touch()
     return f"ran:{job}"
 
