@@ -7,6 +7,8 @@ the locks live in the test's SQLite database file, which the consumers share.
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,14 +37,15 @@ def redis_url() -> str:
     return url
 
 
-@pytest.fixture(scope="module")
-def huey_tasks(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The tasks module, with two ``run_huey`` consumers serving this run's queue."""
+@contextlib.contextmanager
+def consumers(count: int, logs: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``count`` ``run_huey`` consumers (one worker thread each) serving this run's queue.
+
+    Stopped at the block's end, and the queue, schedule and results emptied.
+    """
     processes.require_module("huey")
     url = redis_url()
     from huey.contrib.djhuey import HUEY
-
-    from tests.jobs.huey_app import tasks
 
     env = {
         "DJANGO_SETTINGS_MODULE": "tests.jobs.huey_settings",
@@ -52,15 +55,23 @@ def huey_tasks(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) 
     }
     # -n: no periodic tasks to schedule; -k thread -w 1: one worker each.
     args = ["django", "run_huey", "-w", "1", "-k", "thread", "-n", "--delay", "0.1"]
-    logs = tmp_path_factory.mktemp("huey")
     try:
-        with (
-            processes.worker(args, env, logs / "first.log"),
-            processes.worker(args, env, logs / "second.log"),
-        ):
-            yield tasks
+        with contextlib.ExitStack() as stack:
+            yield [
+                stack.enter_context(processes.worker(args, env, logs / f"consumer-{n}.log"))
+                for n in range(count)
+            ]
     finally:
         HUEY.flush()  # this run's queue, schedule and results; nobody else's
+
+
+@pytest.fixture(scope="module")
+def huey_tasks(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The tasks module, with two consumers serving this run's queue."""
+    with consumers(2, tmp_path_factory.mktemp("huey")):
+        from tests.jobs.huey_app import tasks
+
+        yield tasks
 
 
 def outcome(result: Any) -> Any:

@@ -28,10 +28,21 @@ def note_locked(signal_name: str, task: Any, *args: Any) -> None:
     (Path(task.args[0]) / f"{task.id}.locked").write_text(signal_name)
 
 
+def lock_name(key: str) -> str:
+    return f"huey:{HUEY.name}:{key}"
+
+
 @db_task()
 def hold_key(signals: str, key: str, job: str) -> str:
-    """Hold ``huey:key`` (the context manager form) until the test releases ``job``."""
-    with lock_task(f"huey:{HUEY.name}:{key}", ttl=60):
+    """Hold ``lock_name(key)`` (the context manager form) until the test releases ``job``."""
+    with lock_task(lock_name(key), ttl=60):
+        return hold(job, signals)
+
+
+@db_task()
+def hold_briefly(signals: str, key: str, job: str) -> str:
+    """The same with a 2 s lease, refreshed every 0.5 s while the consumer lives."""
+    with lock_task(lock_name(key), ttl=2, refresh_interval=0.5):
         return hold(job, signals)
 
 
