@@ -85,8 +85,8 @@ class TaskLock:
     decorator) are those of ``@exclusive``; all are checked now, before
     anything is written.
 
-    The object is stateless between uses, so one may be shared by threads;
-    ``acquire()`` and ``release()`` pair up per thread.
+    One object may be shared by threads (a decorator's is): each use takes a
+    lock of its own, and ``acquire()`` and ``release()`` pair up per thread.
     """
 
     def __init__(
