@@ -37,10 +37,10 @@ class HoldTwo(HoldOne):
 
 
 class ShortLease(HoldOne):
-    """The same, with a 2 s lease (``TASKLOCK_OPTIONS``): a killed runner frees it soon."""
+    """The same, with a 4 s lease (``TASKLOCK_OPTIONS``): a killed runner frees it soon."""
 
     code = "tasklock-tests.short-lease"
-    TASKLOCK_OPTIONS = {"ttl": 2, "refresh_interval": 0.5}
+    TASKLOCK_OPTIONS = {"ttl": 4, "refresh_interval": 0.5}
 
 
 class RecordInterval(CronJobBase):

@@ -41,8 +41,8 @@ def hold_key(signals: str, key: str, job: str) -> str:
 
 @db_task()
 def hold_briefly(signals: str, key: str, job: str) -> str:
-    """The same with a 2 s lease, refreshed every 0.5 s while the consumer lives."""
-    with lock_task(lock_name(key), ttl=2, refresh_interval=0.5):
+    """The same with a 4 s lease, refreshed every 0.5 s while the consumer lives."""
+    with lock_task(lock_name(key), ttl=4, refresh_interval=0.5):
         return hold(job, signals)
 
 
