@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from typing import Any
 
 from tests import jobs, services
@@ -59,6 +60,15 @@ if REDIS_URL:
     CACHES["redis"] = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL}
 
 TASKLOCK_BACKEND = "database"
+
+# Huey (tests/test_huey.py): the queue the test enqueues on, its own on the shared
+# Redis server; the run_huey consumers are told its name. Nothing connects until then.
+HUEY = {
+    "name": f"tasklock-tests-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+    "url": REDIS_URL,
+    "immediate": False,
+    "results": True,
+}
 
 # The admin page of held locks (tests/test_admin.py, tests/test_admin_browser.py).
 ROOT_URLCONF = "tests.urls"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,7 +34,13 @@ def named_integrations() -> dict[str, str]:
     for setting in dir(settings):
         if not setting.isupper():
             continue
-        for text in _strings(getattr(settings, setting, None)):
+        with warnings.catch_warnings():
+            # Reading a deprecated setting warns (Django 6.1: each EMAIL_* one, set or
+            # not): this check reads every setting, and only looks for dotted paths.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", PendingDeprecationWarning)
+            value = getattr(settings, setting, None)
+        for text in _strings(value):
             for name in _NAMED.findall(text):
                 if name in INTEGRATIONS:
                     named.setdefault(name, setting)

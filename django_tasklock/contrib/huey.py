@@ -1,0 +1,199 @@
+"""Huey: a drop-in for ``lock_task`` whose lock is a lease.
+
+``from django_tasklock.contrib.huey import lock_task`` in place of
+``huey.contrib.djhuey``'s (or ``huey.lock_task``): the same call, as a
+decorator or a context manager, and the same answer when the lock is held —
+Huey's own ``TaskLockedException``, so a task's ``retries=`` retry it and
+``SIGNAL_LOCKED`` is sent. The lock is django-tasklock's: a lease kept alive
+by the heartbeat while the task runs, freed by itself when a consumer dies
+(no ``run_huey --flush-locks`` needed), listed by ``manage.py tasklock`` and
+the admin page. Its key is ``name`` itself.
+"""
+
+from __future__ import annotations
+
+from django_tasklock.contrib import require
+
+require("huey")
+
+import threading  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from types import TracebackType  # noqa: E402
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast  # noqa: E402
+
+from huey.api import TaskWrapper  # noqa: E402
+from huey.exceptions import TaskLockedException  # noqa: E402
+
+from django_tasklock.decorators import ON_LOST, OnLost, exclusive  # noqa: E402
+from django_tasklock.durations import Duration  # noqa: E402
+from django_tasklock.exceptions import LockNotAcquired  # noqa: E402
+from django_tasklock.lock import Lock  # noqa: E402
+from django_tasklock.options import check_lock_kwargs, validate_key  # noqa: E402
+from django_tasklock.service import TaskLockService  # noqa: E402
+from django_tasklock.skipped import report_skipped  # noqa: E402
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from django_tasklock.options import LockKwargs
+
+__all__ = ["TaskLock", "TaskLockedException", "lock_task"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class LockTaskOptions(TypedDict, total=False):
+    """The lock options besides ``ttl`` (see ``django_tasklock.LockKwargs``)."""
+
+    refresh_interval: Duration | None
+    max_lifetime: Duration | None
+    wait: Duration | None
+    min_hold: Duration | None
+    fencing: bool
+    progress_timeout: Duration | None
+
+
+def lock_task(
+    name: str,
+    ttl: Duration | None = None,
+    *,
+    on_lost: OnLost = "continue",
+    service: TaskLockService | None = None,
+    **options: Unpack[LockTaskOptions],
+) -> TaskLock:
+    """Huey's ``lock_task(name, ttl=None)``, with a lease: see :class:`TaskLock`."""
+    return TaskLock(name, ttl, on_lost=on_lost, service=service, **options)
+
+
+class TaskLock:
+    """At most one holder of ``name`` at a time; ``TaskLockedException`` for the others.
+
+    As a decorator (below ``@huey.task()`` / ``@db_task()``, as Huey's own)
+    it holds the lock while the function runs; as a context manager, for the
+    block (``with lock_task("reports") as lock:`` gives the
+    :class:`~django_tasklock.Lock`: ``lock.lost``, ``lock.fence``). When
+    another holder has ``name``, the work does not run: one INFO line and
+    ``lock_skipped`` say who holds it, then ``TaskLockedException("unable to
+    acquire lock <name>")`` is raised, which Huey's consumer turns into
+    ``SIGNAL_LOCKED`` and, while the task has retries left, a retry.
+
+    ``ttl`` is the lease (seconds or timedelta; default ``TASKLOCK_DEFAULTS``'
+    or 15 min), extended every ``refresh_interval`` while the work runs, so it
+    is how long a dead consumer keeps the lock, not how long work may take.
+    The other lock options (``refresh_interval``, ``max_lifetime``, ``wait``,
+    ``min_hold``, ``fencing``, ``progress_timeout``) and ``on_lost`` (for the
+    decorator) are those of ``@exclusive``; all are checked now, before
+    anything is written.
+
+    One object may be shared by threads (a decorator's is): each use takes a
+    lock of its own, and ``acquire()`` and ``release()`` pair up per thread.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        ttl: Duration | None = None,
+        *,
+        on_lost: OnLost = "continue",
+        service: TaskLockService | None = None,
+        **options: Unpack[LockTaskOptions],
+    ) -> None:
+        try:
+            validate_key(name)
+        except (TypeError, ValueError) as exc:  # the messages say "key"; here it is "name"
+            raise type(exc)(f"name{str(exc).removeprefix('key')}") from None
+        check_lock_kwargs(options)
+        if "cancel_on_loss" in options:
+            raise TypeError("lock_task() takes on_lost='raise', not cancel_on_loss")
+        if not isinstance(on_lost, str) or on_lost not in ON_LOST:
+            error = ValueError if isinstance(on_lost, str) else TypeError
+            raise error(f"on_lost must be one of {ON_LOST}, not {on_lost!r}")
+        self.name = name
+        self.options = cast("LockKwargs", dict(options))
+        if ttl is not None:
+            self.options["ttl"] = ttl
+        self.on_lost = on_lost
+        self.service = service if service is not None else TaskLockService()
+        self._make_lock()  # every option checked now; nothing is written
+        self._held = threading.local()
+
+    def __repr__(self) -> str:
+        return f"<TaskLock {self.name!r}>"
+
+    # -- decorator -------------------------------------------------------------
+
+    def __call__(self, fn: F) -> F:
+        if isinstance(fn, TaskWrapper):
+            raise TypeError(
+                "lock_task() is above a Huey task: put @huey.task() (or @db_task()) above "
+                "@lock_task(...), so that the consumer runs the locked function"
+            )
+        name = self.name
+
+        def key(*args: Any, **kwargs: Any) -> str:
+            return name
+
+        def held(*args: Any, **kwargs: Any) -> Any:
+            raise TaskLockedException(f"unable to acquire lock {name}")
+
+        decorate = exclusive(
+            key=key, on_locked=held, on_lost=self.on_lost, service=self.service, **self.options
+        )
+        return cast("F", decorate(fn))
+
+    # -- context manager and explicit calls ------------------------------------
+
+    def __enter__(self) -> Lock:
+        self.acquire()
+        held: Lock = self._stack()[-1]
+        return held
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lock = self._stack().pop()
+        lock.__exit__(exc_type, exc, tb)
+
+    def acquire(self) -> bool:
+        """Take the lock for this thread: True, or ``TaskLockedException`` when held."""
+        lock = self._make_lock()
+        try:
+            lock.__enter__()
+        except LockNotAcquired as exc:
+            report_skipped(lock, f"lock_task({self.name!r})")
+            raise TaskLockedException(f"unable to acquire lock {self.name}") from exc
+        self._stack().append(lock)
+        return True
+
+    def release(self) -> None:
+        """Let go of the lock this thread took last with :meth:`acquire`."""
+        stack = self._stack()
+        if not stack:
+            raise RuntimeError(f"task lock {self.name!r} is not held by this thread")
+        self.__exit__(None, None, None)
+
+    def is_locked(self) -> bool:
+        """Whether anyone holds ``name`` now (one read of the storage)."""
+        return self.service.peek(self.name) is not None
+
+    locked = is_locked
+
+    def clear(self) -> bool:
+        """End whoever's lease holds ``name`` now, as Huey's ``clear()`` deletes its key.
+
+        An operator's action (``manage.py tasklock release`` does the same):
+        the holder learns it lost the lock. True if there was a lease to end.
+        """
+        return self.service.backend.force_release(self.name) is not None
+
+    def _make_lock(self) -> Lock:
+        return self.service.lock(self.name, **self.options)
+
+    def _stack(self) -> list[Lock]:
+        stack: list[Lock] | None = getattr(self._held, "locks", None)
+        if stack is None:
+            stack = self._held.locks = []
+        return stack

@@ -1,0 +1,63 @@
+"""Huey tasks run by real ``run_huey`` consumers (djhuey) in tests/test_huey.py.
+
+Every task takes the test's folder of signal files first: the ``SIGNAL_LOCKED``
+handler writes ``<task id>.locked`` there, in the consumer, when a task was not
+run because its lock was held. Keys carry the queue's name, unique per run.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from huey.contrib.djhuey import HUEY, db_task, signal
+from huey.signals import SIGNAL_LOCKED
+
+from django_tasklock.contrib.huey import lock_task
+from tests.jobs import hold
+
+#: Keys of this run: the queue's name is unique per test run.
+RETRIED_KEY = f"huey:{HUEY.name}:retried"
+VOLUME_KEY = f"huey:{HUEY.name}:volume"
+
+
+@signal(SIGNAL_LOCKED)
+def note_locked(signal_name: str, task: Any, *args: Any) -> None:
+    """Leave ``<task id>.locked`` in the task's signal folder (its first argument)."""
+    (Path(task.args[0]) / f"{task.id}.locked").write_text(signal_name)
+
+
+def lock_name(key: str) -> str:
+    return f"huey:{HUEY.name}:{key}"
+
+
+@db_task()
+def hold_key(signals: str, key: str, job: str) -> str:
+    """Hold ``lock_name(key)`` (the context manager form) until the test releases ``job``."""
+    with lock_task(lock_name(key), ttl=60):
+        return hold(job, signals)
+
+
+@db_task()
+def hold_briefly(signals: str, key: str, job: str) -> str:
+    """The same with a 4 s lease, refreshed every 0.5 s while the consumer lives."""
+    with lock_task(lock_name(key), ttl=4, refresh_interval=0.5):
+        return hold(job, signals)
+
+
+@db_task(retries=5, retry_delay=1)
+@lock_task(RETRIED_KEY, ttl=60)
+def retried(signals: str, job: str) -> str:
+    """The decorator form: a held lock makes Huey retry it, a second later."""
+    (Path(signals) / f"{job}.ran").touch()
+    return f"ran:{job}"
+
+
+@db_task()
+@lock_task(VOLUME_KEY, ttl=30)
+def record_interval(signals: str, seconds: float) -> tuple[float, float]:
+    """Hold the volume key for ``seconds``; return when it entered and left (host clock)."""
+    entry = time.time()
+    time.sleep(seconds)
+    return entry, time.time()
