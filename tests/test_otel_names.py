@@ -177,3 +177,42 @@ assert not loaded, loaded
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_enabled_without_an_sdk_it_stays_idle_until_one_is_set() -> None:
+    script = """
+import django
+from django.conf import settings
+settings.configure(
+    INSTALLED_APPS=["django_tasklock"], TASKLOCK_BACKEND="memory", TASKLOCK_OPENTELEMETRY=True
+)
+django.setup()
+from django_tasklock import lock, observe
+from django_tasklock.contrib.otel import Telemetry
+assert isinstance(observe.observer, Telemetry)
+with lock("k", name="n"):
+    assert not observe.observer.live()  # no SDK: no span, no measurement
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+spans = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(spans))
+trace.set_tracer_provider(provider)  # the SDK, configured after Django started
+with lock("k", name="n"):
+    pass
+assert observe.observer.live()
+names = [span.name for span in spans.get_finished_spans()]
+assert names == ["tasklock.acquire", "tasklock.hold"], names
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr

@@ -17,7 +17,7 @@ require("otel")
 import time  # noqa: E402 - after require(): a missing extra says so first
 import weakref  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
+from contextlib import AbstractContextManager, contextmanager, nullcontext  # noqa: E402
 from types import TracebackType  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
@@ -102,6 +102,23 @@ class Telemetry:
         self.beat_duration = histogram("tasklock.heartbeat.duration")
         self.beat_leases = histogram("tasklock.heartbeat.leases")
         self._holds: weakref.WeakKeyDictionary[Lease, _Hold] = weakref.WeakKeyDictionary()
+        #: Through the global providers: idle (no span, no measurement) until a project
+        #: sets one, so that the extra without an SDK costs a lock next to nothing.
+        self._idle = tracer_provider is None and meter_provider is None
+
+        self._look_again = 0.0
+
+    def live(self) -> bool:
+        """Whether spans and measurements go anywhere: providers were given, or set
+        globally (looked for at most once a second: a lock step must stay cheap)."""
+        if not self._idle:
+            return True
+        now = time.monotonic()
+        if now < self._look_again:
+            return False
+        self._look_again = now + 1.0
+        self._idle = not _global_providers_set()  # a global provider cannot be unset
+        return not self._idle
 
     @staticmethod
     def attributes(lock: Lock, backend: BaseBackend) -> dict[str, str]:
@@ -113,19 +130,25 @@ class Telemetry:
 
     # -- the observer ------------------------------------------------------------
 
-    def acquiring(self, lock: Lock, backend: BaseBackend) -> _Acquisition:
+    def acquiring(self, lock: Lock, backend: BaseBackend) -> observe.Acquisition:
+        if not self.live():
+            return _IDLE
         return _Acquisition(self, lock, self.attributes(lock, backend))
 
     def released(self, lease: Lease) -> None:
-        hold = self._holds.pop(lease, None)
+        hold = self._holds.pop(lease, None) if self._holds else None
         if hold is not None:
             hold.end()
 
     def skipped(self, lock: Lock) -> None:
-        self.skips.add(1, self.attributes(lock, lock.backend))
+        if self.live():
+            self.skips.add(1, self.attributes(lock, lock.backend))
+
+    def heartbeat(self, leases: list[Lease]) -> AbstractContextManager[object]:
+        return self._tick(leases) if self.live() else nullcontext()
 
     @contextmanager
-    def heartbeat(self, leases: list[Lease]) -> Iterator[None]:
+    def _tick(self, leases: list[Lease]) -> Iterator[None]:
         found: Attributes = {"tasklock.backend": backend_name(leases[0].backend)}
         started = clock()
         with self.tracer.start_as_current_span(
@@ -203,6 +226,37 @@ class _Acquisition:
         )
         if self.acquired and exc is None:
             telemetry.held(self.lock, self.found)
+
+
+class _Idle:
+    """The acquisition while nothing is configured: no span, no measurement."""
+
+    def __enter__(self) -> _Idle:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def waiting(self) -> None:
+        return None
+
+    def granted(self, acquired: bool) -> bool:
+        return acquired
+
+
+_IDLE = _Idle()
+
+
+def _global_providers_set() -> bool:
+    """Whether the project set a global tracer or meter provider (the SDK's, usually).
+
+    Unset, OpenTelemetry hands out proxies; ``_ProxyMeterProvider`` is private, so it
+    is told by name: renamed one day, this says True, and locks are merely measured
+    through the proxies.
+    """
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return True
+    return type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider"
 
 
 class _Hold:
