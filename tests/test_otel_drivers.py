@@ -13,7 +13,7 @@ from opentelemetry.trace import SpanKind
 from django_tasklock import TaskLockService
 from django_tasklock.testing import ContractBackend
 from tests.conftest import database_backend, redis_backend, require_service
-from tests.otel_support import Telemetry, children, observed
+from tests.otel_support import Telemetry, children, eventually, observed
 
 pytestmark = pytest.mark.databases
 
@@ -76,3 +76,21 @@ def test_acquire_is_the_parent_of_redis_spans(telemetry: Telemetry, key: str) ->
         assert below, "no redis span under tasklock.acquire"
         assert all(span.kind is SpanKind.CLIENT for span in below)
         assert all((span.attributes or {}).get("db.system") == "redis" for span in below)
+
+
+def test_the_heartbeat_span_is_the_parent_of_its_refreshes(telemetry: Telemetry, key: str) -> None:
+    from opentelemetry.instrumentation.redis import RedisInstrumentor
+
+    require_service("redis")
+    instrumentor = RedisInstrumentor()
+    instrumentor.instrument(tracer_provider=telemetry.tracer_provider, skip_dep_check=True)
+    try:
+        for store in redis_backend(key):
+            with TaskLockService(store.backend).lock(key, ttl=3, refresh_interval=0.2):
+                eventually(lambda: bool(telemetry.finished("tasklock.heartbeat")))
+    finally:
+        instrumentor.uninstrument()
+    tick = telemetry.finished("tasklock.heartbeat")[0]
+    below = children(telemetry, tick)
+    assert below, "no redis span under tasklock.heartbeat"
+    assert all((span.attributes or {}).get("db.system") == "redis" for span in below)
