@@ -105,8 +105,7 @@ class Telemetry:
         #: Through the global providers: idle (no span, no measurement) until a project
         #: sets one, so that the extra without an SDK costs a lock next to nothing.
         self._idle = tracer_provider is None and meter_provider is None
-
-        self._look_again = 0.0
+        self._look_again = 0.0  # time.monotonic() when to look for them again
 
     def live(self) -> bool:
         """Whether spans and measurements go anywhere: providers were given, or set
