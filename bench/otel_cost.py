@@ -15,6 +15,7 @@ adds it to results.json as ``otel``.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import sys
 from collections.abc import Sequence
@@ -49,8 +50,13 @@ def _observers() -> dict[str, Any] | str:
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(BatchSpanProcessor(Drop()))
     meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
-    # The batch's own thread must not bill the next sample: flushed after each.
-    flush = tracer_provider.force_flush
+
+    def flush() -> None:
+        # Neither the batch's own thread nor the garbage the SDK made may bill the
+        # next sample: flushed and collected after each.
+        tracer_provider.force_flush()
+        gc.collect()
+
     return {
         "flush": flush,
         "off": None,
