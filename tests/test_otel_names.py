@@ -201,6 +201,8 @@ spans = InMemorySpanExporter()
 provider = TracerProvider()
 provider.add_span_processor(SimpleSpanProcessor(spans))
 trace.set_tracer_provider(provider)  # the SDK, configured after Django started
+import time
+time.sleep(1.1)  # looked for at most once a second
 with lock("k", name="n"):
     pass
 assert observe.observer.live()
