@@ -88,6 +88,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             result["release"] = release
             result["release_p99_ms"] = {name: run["p99_ms"] for name, run in release.items()}
+        servers.log("OpenTelemetry cost ...")
+        import otel_cost
+
+        result["otel"] = otel_cost.cost(up, args.seconds, args.repeat)
         result["versions"] = servers.versions(up)
         result["transport"] = servers.transport()
         result["settings"] = {

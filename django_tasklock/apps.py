@@ -23,6 +23,25 @@ def _forget_backend(*, setting: str, **kwargs: Any) -> None:
         from django_tasklock.backends import reset_backend
 
         reset_backend()
+    elif setting == "TASKLOCK_OPENTELEMETRY":
+        _observe()
+
+
+def _observe() -> None:
+    """Install the OpenTelemetry observer when ``TASKLOCK_OPENTELEMETRY`` says so, or remove it.
+
+    Imported only then: without the setting, nothing imports ``opentelemetry``.
+    With it and without the ``otel`` extra, ``MissingFramework`` names the extra.
+    """
+    from django_tasklock import observe
+    from django_tasklock.conf import conf
+
+    if conf.OPENTELEMETRY:
+        from django_tasklock.contrib import otel
+
+        otel.enable()
+    else:
+        observe.install(None)
 
 
 class TaskLockConfig(AppConfig):
@@ -45,3 +64,4 @@ class TaskLockConfig(AppConfig):
         checks.register(check_lock_health, "tasklock", deploy=True)
 
         setting_changed.connect(_forget_backend, dispatch_uid="django_tasklock.reset")
+        _observe()

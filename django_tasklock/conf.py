@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 BACKEND_ENV_VAR = "TASKLOCK_BACKEND"
 REDIS_URL_ENV_VAR = "TASKLOCK_REDIS_URL"
@@ -43,6 +44,16 @@ class Settings:
         if value is None:
             value = os.environ.get(REDIS_URL_ENV_VAR)
         return str(value) if value else None
+
+    @property
+    def OPENTELEMETRY(self) -> bool:
+        """``TASKLOCK_OPENTELEMETRY``: trace and measure every lock (the ``otel`` extra)."""
+        value = getattr(settings, "TASKLOCK_OPENTELEMETRY", False)
+        if not isinstance(value, bool):
+            raise ImproperlyConfigured(
+                f"TASKLOCK_OPENTELEMETRY must be True or False, not {value!r}"
+            )
+        return value
 
     @property
     def DEFAULTS(self) -> dict[str, Any]:

@@ -114,7 +114,9 @@ def exclusive(
     per call); the wrapper keeps the function's name, docstring, signature
     and ``__wrapped__``. Lock options (``ttl``, ``refresh_interval``,
     ``max_lifetime``, ``wait``, ``min_hold``, ``fencing``,
-    ``progress_timeout``) are those of ``TaskLockService.lock``: an unknown
+    ``progress_timeout``, ``name``) are those of ``TaskLockService.lock``
+    (``name`` defaults to the key template, or the function's dotted name for a
+    key function: telemetry never reports a rendered key): an unknown
     one is a ``TypeError`` now, bad values a ``TypeError`` or ``ValueError``
     at each call, before anything is written. ``service`` defaults to the one
     of ``TASKLOCK_BACKEND``. A skipped call logs one INFO line naming the key
@@ -162,7 +164,9 @@ def exclusive(
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         refuse_task_object(func)
         validate_callable("func", func)
-        return _wrap(func, KeyBuilder(func, key), options, on_locked, on_lost == "raise", service)
+        # Telemetry names the lock by its template, never by a rendered key.
+        named: LockKwargs = {"name": key if isinstance(key, str) else default_key(func), **options}
+        return _wrap(func, KeyBuilder(func, key), named, on_locked, on_lost == "raise", service)
 
     return decorate
 

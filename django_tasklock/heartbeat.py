@@ -39,6 +39,7 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
+from django_tasklock import observe
 from django_tasklock.lease import clock
 from django_tasklock.notifier import log, mark_background
 from django_tasklock.refreshing import BatchRefresher
@@ -212,7 +213,11 @@ class Heartbeat(BatchRefresher):
             for leases in by_backend.values():
                 tick = tick_started(leases)
                 try:
-                    again = self._beat(leases)
+                    if observe.observer is None:
+                        again = self._beat(leases)
+                    else:
+                        with observe.observer.heartbeat(leases):
+                            again = self._beat(leases)
                 except BaseException:  # the thread must go on
                     log(
                         logging.ERROR,

@@ -14,7 +14,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from django_tasklock import loss, notifier
+from django_tasklock import loss, notifier, observe
 from django_tasklock.aio import refuse_event_loop
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder, Released
@@ -28,6 +28,7 @@ from django_tasklock.options import (
     validate_flag,
     validate_key,
     validate_min_hold,
+    validate_name,
     validate_progress_timeout,
     validate_wait,
 )
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from django_tasklock.aio import LossCanceller
+    from django_tasklock.observe import Acquisition
     from django_tasklock.options import LockKwargs
 
 logger = logging.getLogger("django_tasklock")
@@ -67,6 +69,8 @@ class Lock(AsyncLockMethods):
     ) -> None:
         check_lock_kwargs(options)
         self.key = validate_key(key)
+        #: What telemetry calls this lock (``name=``; ``@exclusive``: its key template).
+        self.name = validate_name(options.get("name"))
         self.options = LockOptions.resolve(
             ttl=options.get("ttl"),
             refresh_interval=options.get("refresh_interval"),
@@ -131,6 +135,12 @@ class Lock(AsyncLockMethods):
         self._no_cancel_on_loss()
         refuse_event_loop(self.key, "with lock / acquire()", "async with lock / aacquire()")
         backend = self._ready()
+        if observe.observer is None:
+            return self._take(backend, None)
+        with observe.observer.acquiring(self, backend) as seen:
+            return seen.granted(self._take(backend, seen))
+
+    def _take(self, backend: BaseBackend, seen: Acquisition | None) -> bool:
         backoff = Backoff(self.wait)
         look_first = False
         while True:
@@ -140,6 +150,8 @@ class Lock(AsyncLockMethods):
             pause = backoff.next_pause(seconds_left)
             if pause is None:
                 return False
+            if seen is not None and not look_first:
+                seen.waiting()
             time.sleep(pause)
             look_first = True
 
@@ -257,6 +269,8 @@ class Lock(AsyncLockMethods):
             heartbeat().remove(lease, wait=self.min_hold is not None)
         finally:  # even interrupted here, the lease is released
             self._send_release(lease)
+            if observe.observer is not None:
+                observe.observer.released(lease)
 
     def _send_release(self, lease: Lease) -> None:
         sent_at = clock()

@@ -11,9 +11,9 @@ once started, completes even if its caller is cancelled.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from django_tasklock import loss
+from django_tasklock import loss, observe
 from django_tasklock.aio import keep, off_loop
 from django_tasklock.exceptions import LockLost, LockNotAcquired
 from django_tasklock.waiting import Backoff
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
     from django_tasklock.backends.base import BaseBackend
     from django_tasklock.lease import Lease
+    from django_tasklock.lock import Lock
+    from django_tasklock.observe import Acquisition
 
 
 class AsyncLockMethods(loss.ActsOnLoss):
@@ -61,6 +63,12 @@ class AsyncLockMethods(loss.ActsOnLoss):
 
     async def _atry_acquire(self) -> bool:
         backend = self._ready()
+        if observe.observer is None:
+            return await self._atake(backend, None)
+        with observe.observer.acquiring(cast("Lock", self), backend) as seen:
+            return seen.granted(await self._atake(backend, seen))
+
+    async def _atake(self, backend: BaseBackend, seen: Acquisition | None) -> bool:
         backoff = Backoff(self.wait)
         look_first = False
         while True:
@@ -75,6 +83,8 @@ class AsyncLockMethods(loss.ActsOnLoss):
             pause = backoff.next_pause(seconds_left)
             if pause is None:
                 return False
+            if seen is not None and not look_first:
+                seen.waiting()
             await asyncio.sleep(pause)
             look_first = True
 

@@ -29,6 +29,7 @@ from django_tasklock.durations import to_timedelta as to_timedelta
 
 #: 255 (the column) minus the ``task-lock:`` prefix, on every backend.
 MAX_KEY_LENGTH = 255 - len(KEY_PREFIX)
+MAX_NAME_LENGTH = 255
 MAX_LIFETIME_LIMIT = STALE_AFTER
 DEFAULT_TTL = timedelta(minutes=15)
 OPTION_NAMES = ("ttl", "refresh_interval", "max_lifetime")
@@ -205,6 +206,9 @@ class LockKwargs(TypedDict, total=False):
     ``Lock.progress()`` within this long (seconds or timedelta; default: no
     such condition). Neither has a project-wide default in
     ``TASKLOCK_DEFAULTS``: each asks something of the work it guards.
+    ``name``: what telemetry calls the lock (``tasklock.name``), one name for
+    many keys (``"invoice"`` for ``f"invoice:{pk}"``); ``@exclusive``'s default is
+    its key template. Without it no name is reported: never the key.
     """
 
     ttl: Duration | None
@@ -215,6 +219,7 @@ class LockKwargs(TypedDict, total=False):
     fencing: bool
     cancel_on_loss: bool
     progress_timeout: Duration | None
+    name: str | None
 
 
 LOCK_KWARGS = frozenset(LockKwargs.__annotations__)
@@ -228,6 +233,17 @@ def check_lock_kwargs(options: Mapping[str, object]) -> None:
             f"unexpected keyword argument {unknown[0]!r}; lock options are "
             f"{', '.join(sorted(LOCK_KWARGS))}"
         )
+
+
+def validate_name(value: object) -> str | None:
+    """A lock's name for telemetry: None, or 1 to 255 characters of text."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"name must be a str or None, not {type(value).__name__}")
+    if not value or len(value) > MAX_NAME_LENGTH:
+        raise ValueError(f"name must be 1 to {MAX_NAME_LENGTH} characters, got {len(value)}")
+    return value
 
 
 def validate_wait(value: object) -> timedelta:

@@ -104,6 +104,8 @@ class TaskLockService:
             fencing: give the grant a fencing token (``LockResult.fence``).
             progress_timeout: extend the lease only while ``fn`` calls
                 ``current_lock().progress()`` within this long (default: no such condition).
+            name: what telemetry calls this lock (``tasklock.name``), e.g. ``"invoice"``
+                for keys ``"invoice:<pk>"``; without it, none (never the key).
             cancel_on_loss: ``arun_exclusive`` only; here a ``TypeError``, before
                 anything is written (sync code stops at ``raise_if_lost()``).
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from django_tasklock import observe
 from django_tasklock.signals import lock_skipped
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ def report_skipped(lock: Lock, what: str) -> None:
         except Exception:
             logger.debug("Reading the holder of %r failed.", lock.key, exc_info=True)
     _log(lock.key, what, held)
+    if observe.observer is not None:
+        observe.observer.skipped(lock)
     for receiver, outcome in lock_skipped.send_robust(
         sender=type(lock.backend),
         key=lock.key,
