@@ -35,7 +35,10 @@ def worker(
     """Run ``python -m <args>`` from the repository root until the block ends.
 
     Stopped with SIGTERM (a worker's warm shutdown), then killed if it lingers;
-    its output goes to ``log``, printed when the block fails.
+    then whatever it started and left behind is killed too (it runs in a
+    process group of its own: the children of a worker killed mid-task would
+    go on holding keys and connections). Its output goes to ``log``, printed
+    when the block fails.
     """
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -44,6 +47,7 @@ def worker(
             env={**os.environ, "PYTHONPATH": str(ROOT), **env},
             stdout=out,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             yield process
@@ -57,3 +61,5 @@ def worker(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
