@@ -28,6 +28,17 @@ def require_module(name: str) -> None:
         pytest.skip(reason)
 
 
+def redis_url() -> str:
+    """The Redis server of the tests' brokers (skip without one, except under CI=true)."""
+    url = os.environ.get(services.REDIS_ENV)
+    if not url:
+        reason = f"Redis not available: set {services.REDIS_ENV} (e.g. redis://127.0.0.1:6379/15)"
+        if services.IN_CI:
+            pytest.fail(f"CI=true and {reason}")
+        pytest.skip(reason)
+    return url
+
+
 @contextlib.contextmanager
 def worker(
     args: Sequence[str], env: dict[str, str], log: Path

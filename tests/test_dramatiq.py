@@ -18,7 +18,6 @@ from django.db import connections
 
 from tests import framework_runs, processes
 from tests.jobs import wait_for
-from tests.test_rq import redis_url
 
 RUN = uuid.uuid4().hex[:8]
 Send = Callable[..., None]
@@ -32,7 +31,7 @@ def send(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
     import dramatiq
     from dramatiq.brokers.redis import RedisBroker
 
-    url, namespace, queue = redis_url(), f"tasklock-tests-{RUN}", f"tasklock-tests-{RUN}"
+    url, namespace, queue = processes.redis_url(), f"tasklock-tests-{RUN}", f"tasklock-tests-{RUN}"
     broker = RedisBroker(url=url, namespace=namespace, middleware=[])  # type: ignore[no-untyped-call]
     broker.declare_queue(queue)
 

@@ -7,7 +7,6 @@ named for this run alone, the lock keys carrying this run's id.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,20 +17,10 @@ import pytest
 from django.db import connections
 
 from django_tasklock import TaskLockService
-from tests import framework_runs, processes, services
+from tests import framework_runs, processes
 from tests.jobs import PATIENCE, wait_for
 
 RUN = uuid.uuid4().hex[:8]
-
-
-def redis_url() -> str:
-    url = os.environ.get(services.REDIS_ENV)
-    if not url:
-        reason = f"Redis not available: set {services.REDIS_ENV} (e.g. redis://127.0.0.1:6379/15)"
-        if services.IN_CI:
-            pytest.fail(f"CI=true and {reason}")
-        pytest.skip(reason)
-    return url
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +31,7 @@ def queue(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> It
     import redis
     from rq import Queue
 
-    url = redis_url()
+    url = processes.redis_url()
     name = f"tasklock-tests-{RUN}"
     rq_queue = Queue(name, connection=redis.Redis.from_url(url))
     env = {
@@ -125,6 +114,29 @@ def test_a_direct_call_outside_a_worker_is_the_core_decorator(tmp_path: Path) ->
     assert rq_jobs.hold_key(f"{RUN}-direct", "direct", str(tmp_path)) == "ran:direct"
     with TaskLockService().lock(f"rq:{RUN}-direct", ttl=60):
         assert rq_jobs.hold_key(f"{RUN}-direct", "direct", str(tmp_path)) is None
+
+
+@pytest.mark.databases
+def test_a_simple_worker_in_this_process_marks_the_skipped_job(tmp_path: Path) -> None:
+    """RQ's SimpleWorker (no fork): the lock is this process's (the database backend)."""
+    processes.require_module("rq")
+    import redis
+    from rq import Queue, SimpleWorker
+
+    connection = redis.Redis.from_url(processes.redis_url())
+    rq_queue = Queue(f"tasklock-tests-{RUN}-simple", connection=connection)
+    try:
+        job = rq_queue.enqueue(
+            "tests.jobs.rq_jobs.hold_key", f"{RUN}-simple", "job", str(tmp_path)
+        )
+        with TaskLockService().lock(f"rq:{RUN}-simple", ttl=60):
+            assert SimpleWorker([rq_queue], connection=rq_queue.connection).work(burst=True)
+        job.refresh()  # type: ignore[no-untyped-call]
+        assert job.get_status().value == "finished"
+        assert job.return_value() is None
+        assert job.meta["tasklock"] == {"skipped": True, "key": f"rq:{RUN}-simple"}
+    finally:
+        rq_queue.delete(delete_jobs=True)
 
 
 def test_rq_job_below_exclusive_is_a_type_error_naming_the_order() -> None:
