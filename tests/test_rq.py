@@ -170,5 +170,21 @@ def test_bad_arguments_are_refused_at_decoration_as_by_the_core_decorator() -> N
         exclusive("rollups:{day}", key="rollups")  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="function and key="):
         exclusive(rebuild, key="rollups")  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match=r"exclusive\(key=\.\.\.\)"):
+        exclusive(lambda day: day)  # a key function given positionally
     with pytest.raises(TypeError, match="ttl_seconds"):
         exclusive("rollups:{day}", ttl_seconds=5)  # type: ignore[call-overload]
+
+
+@pytest.mark.databases
+def test_bare_exclusive_locks_the_functions_dotted_name() -> None:
+    processes.require_module("rq")
+    from django_tasklock.contrib.rq import exclusive
+
+    @exclusive
+    def rebuild(day: str) -> str:
+        return f"rebuilt {day}"
+
+    assert rebuild("monday") == "rebuilt monday"
+    with TaskLockService().lock(f"{__name__}.{rebuild.__qualname__}", ttl=60):
+        assert rebuild("monday") is None

@@ -85,7 +85,7 @@ def exclusive(
     """
     if target is not None and not isinstance(target, str):
         refuse_rq_job(target)
-        if key is not None or not callable(target):
+        if key is not None or not callable(target) or target.__name__ == "<lambda>":
             # Bad arguments: the core says which, in its words.
             return core_exclusive(target, key=key)  # type: ignore[call-overload]
         return exclusive(on_locked=on_locked, on_lost=on_lost, service=service, **options)(target)
