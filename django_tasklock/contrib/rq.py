@@ -3,13 +3,13 @@
 A job whose key is held does not run its function and finishes with the
 result ``None`` (or ``on_locked``'s value), as under the core decorator; in
 RQ that is a *finished* job like any other, so this decorator also writes
-``job.meta["tasklock"] = {"skipped": True, "key": ...}`` to the job: the
-django-rq admin, rq-dashboard and whoever holds the ``Job`` can tell a
-skipped job from one that ran and returned ``None``.
+``job.meta["tasklock"] = {"skipped": True, "key": ...}`` to the job, so that
+whoever reads the job can tell a skipped one from one that ran and returned
+``None``.
 
 This is run-time exclusion: the job was queued and a worker took it. RQ's
-``unique`` (enqueue-time) refuses a second *enqueue* of one job id while the
-first is queued; it does not stop two runs of one function with different ids.
+``unique`` (enqueue-time) refuses to *enqueue* a job while one of the same id
+exists in Redis; it does not stop two runs of one function with different ids.
 """
 
 from __future__ import annotations
