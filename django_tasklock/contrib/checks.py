@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,7 +34,12 @@ def named_integrations() -> dict[str, str]:
     for setting in dir(settings):
         if not setting.isupper():
             continue
-        for text in _strings(getattr(settings, setting, None)):
+        with warnings.catch_warnings():
+            # Reading a deprecated setting warns (DEFAULT_FILE_STORAGE on Django 4.2,
+            # even unset): the check reads them all, the project did not use them.
+            warnings.simplefilter("ignore")
+            value = getattr(settings, setting, None)
+        for text in _strings(value):
             for name in _NAMED.findall(text):
                 if name in INTEGRATIONS:
                     named.setdefault(name, setting)
