@@ -9,6 +9,7 @@ from django.test import override_settings
 
 from django_tasklock.contrib import INTEGRATIONS, Integration, MissingFramework, require
 from django_tasklock.contrib.checks import check_integrations
+from tests.conftest import runs_manage_py_check
 
 
 @pytest.fixture
@@ -31,6 +32,7 @@ def test_require_passes_when_installed() -> None:
     require("celery")  # the test extra installs Celery
 
 
+@runs_manage_py_check
 def test_check_reports_a_setting_naming_a_missing_integration(absent_framework: str) -> None:
     with override_settings(
         SOME_FRAMEWORK_SETTING={"backend": "django_tasklock.contrib.nosuchframework.Lock"}
