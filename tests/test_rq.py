@@ -50,7 +50,14 @@ def queue(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> It
             assert outcome(rq_queue.enqueue("tests.jobs.rq_jobs.ping")) == "pong"
             yield rq_queue
     finally:
-        rq_queue.delete(delete_jobs=True)
+        forget(rq_queue)
+
+
+def forget(rq_queue: Any) -> None:
+    """Delete the queue, its jobs and its registries (which have no expiry) from Redis."""
+    rq_queue.delete(delete_jobs=True)
+    for stored in rq_queue.connection.scan_iter(f"rq:*:{rq_queue.name}*"):
+        rq_queue.connection.delete(stored)
 
 
 def outcome(job: Any) -> Any:
@@ -136,7 +143,7 @@ def test_a_simple_worker_in_this_process_marks_the_skipped_job(tmp_path: Path) -
         assert job.return_value() is None
         assert job.meta["tasklock"] == {"skipped": True, "key": f"rq:{RUN}-simple"}
     finally:
-        rq_queue.delete(delete_jobs=True)
+        forget(rq_queue)
 
 
 def test_rq_job_below_exclusive_is_a_type_error_naming_the_order() -> None:
