@@ -220,3 +220,13 @@ def test_manage_py_check_names_the_extra_when_dramatiq_is_missing(
     assert error.id == "django_tasklock.E020"
     assert "DRAMATIQ_BROKER names django_tasklock.contrib.dramatiq" in error.msg
     assert "pip install 'django-tasklock[dramatiq]'" in error.msg
+
+
+def test_lock_option_values_are_checked_at_each_run_before_any_write(stub_broker: Any) -> None:
+    import dramatiq
+
+    actor = dramatiq.actor(
+        broker=stub_broker, exclusive="rollups:{day}", exclusive_options={"ttl": -1}
+    )(rebuild)
+    with pytest.raises(ValueError, match="ttl"):
+        actor("monday")

@@ -11,8 +11,10 @@ key. A message whose key is held is, as Dramatiq's own middleware does it:
 - ``when_held="retry"``: raised as ``dramatiq.Retry`` for the ``Retries``
   middleware, which sends it again after its backoff, up to ``max_retries``.
 
-Bad options are refused when the actor is declared, by a
-:class:`ExclusiveOptionError` naming the actor and the option.
+Bad options (an unknown lock option, a key template naming no argument, a
+wrong ``when_held``) are refused when the actor is declared, by an
+:class:`ExclusiveOptionError` naming the actor and the option; the lock
+options' values are checked at each run, as by ``@exclusive``.
 """
 
 from __future__ import annotations
