@@ -28,6 +28,17 @@ def require_module(name: str) -> None:
         pytest.skip(reason)
 
 
+def redis_url() -> str:
+    """The Redis server of the tests' brokers (skip without one, except under CI=true)."""
+    url = os.environ.get(services.REDIS_ENV)
+    if not url:
+        reason = f"Redis not available: set {services.REDIS_ENV} (e.g. redis://127.0.0.1:6379/15)"
+        if services.IN_CI:
+            pytest.fail(f"CI=true and {reason}")
+        pytest.skip(reason)
+    return url
+
+
 @contextlib.contextmanager
 def worker(
     args: Sequence[str], env: dict[str, str], log: Path
@@ -35,7 +46,10 @@ def worker(
     """Run ``python -m <args>`` from the repository root until the block ends.
 
     Stopped with SIGTERM (a worker's warm shutdown), then killed if it lingers;
-    its output goes to ``log``, printed when the block fails.
+    then whatever it started and left behind is killed too (it runs in a
+    process group of its own: the children of a worker killed mid-task would
+    go on holding keys and connections). Its output goes to ``log``, printed
+    when the block fails.
     """
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -44,6 +58,7 @@ def worker(
             env={**os.environ, "PYTHONPATH": str(ROOT), **env},
             stdout=out,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             yield process
@@ -57,3 +72,5 @@ def worker(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)

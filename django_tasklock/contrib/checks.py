@@ -35,10 +35,10 @@ def named_integrations() -> dict[str, str]:
         if not setting.isupper():
             continue
         with warnings.catch_warnings():
-            # Reading a deprecated setting warns (Django 6.1: each EMAIL_* one, set or
-            # not): this check reads every setting, and only looks for dotted paths.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", PendingDeprecationWarning)
+            # Reading a deprecated setting warns (DEFAULT_FILE_STORAGE on Django 4.2,
+            # each EMAIL_* one on Django 6.1, set or not): this check reads every
+            # setting, and only looks for dotted paths in them.
+            warnings.simplefilter("ignore")
             value = getattr(settings, setting, None)
         for text in _strings(value):
             for name in _NAMED.findall(text):

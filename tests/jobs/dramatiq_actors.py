@@ -1,0 +1,49 @@
+"""Dramatiq actors run by real ``dramatiq`` worker processes (django-dramatiq) in the tests.
+
+Each actor's last argument is the test's folder of signal files.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dramatiq
+
+from tests import framework_runs
+from tests.jobs import hold
+
+QUEUE = os.environ.get("TASKLOCK_TEST_DRAMATIQ_QUEUE", "tasklock-tests")
+
+
+@dramatiq.actor(
+    queue_name=QUEUE, max_retries=0, exclusive="dramatiq:{key}", exclusive_options={"ttl": 60}
+)
+def hold_key(key: str, job: str, signals: str) -> None:
+    """Hold ``dramatiq:key`` until the test releases ``job``; skipped while it is held."""
+    hold(job, signals)
+
+
+@dramatiq.actor(
+    queue_name=QUEUE,
+    max_retries=50,
+    min_backoff=100,
+    max_backoff=300,
+    exclusive="dramatiq:{key}",
+    exclusive_options={"ttl": 60},
+    when_held="retry",
+)
+def hold_key_or_retry(key: str, job: str, signals: str) -> None:
+    """:func:`hold_key`, retried by the ``Retries`` middleware while the key is held."""
+    hold(job, signals)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0, exclusive="dramatiq:{key}")
+def record(key: str, pause: float, signals: str) -> None:
+    """Hold ``dramatiq:key`` for ``pause`` seconds and write the interval held."""
+    framework_runs.held_for(signals, pause, os.getpid())
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def ping(signals: str) -> None:
+    (Path(signals) / "pong").write_text(str(os.getpid()))

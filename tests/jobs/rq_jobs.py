@@ -1,0 +1,32 @@
+"""RQ job functions run by real ``manage.py rqworker`` processes (django-rq) in the tests."""
+
+from __future__ import annotations
+
+import os
+
+from django_tasklock.contrib.rq import exclusive
+from tests import framework_runs
+from tests.jobs import hold
+
+
+@exclusive("rq:{key}", ttl=60)
+def hold_key(key: str, job: str, signals: str) -> str:
+    """Hold ``rq:key`` until the test releases ``job``."""
+    return hold(job, signals)
+
+
+def note_skipped(key: str, signals: str, pause: float) -> str:
+    """``on_locked`` of :func:`record`: says which worker skipped (the forked horse's parent)."""
+    framework_runs.skipped(signals, os.getppid())
+    return "skipped"
+
+
+@exclusive("rq:{key}", ttl=60, on_locked=note_skipped)
+def record(key: str, signals: str, pause: float) -> str:
+    """Hold ``rq:key`` for ``pause`` seconds; write the interval held and the worker's pid."""
+    framework_runs.held_for(signals, pause, os.getppid())
+    return "ran"
+
+
+def ping() -> str:
+    return "pong"
