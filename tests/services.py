@@ -64,10 +64,31 @@ def _from_container(name: str) -> str | None:
 
 def service_url(name: str, env: str) -> str | None:
     url = os.environ.get(env) or _from_container(name)
+    if url and name == "redis":
+        url = _redis_database_of_this_worker(url)
+        os.environ[env] = url  # the worker processes a test starts use it too
     if url:
         return url
     _missing(name, f"{name} not available: set {env} or make a Docker engine reachable")
     return None
+
+
+def _redis_database_of_this_worker(url: str) -> str:
+    """Under pytest-xdist, each worker gets a Redis database of its own.
+
+    The SQL databases are per process already (their test names carry the pid);
+    Redis has no per-run database, and tests that list every lock or flush their
+    database must not see another worker's keys. Worker ``gwN`` takes the URL's
+    database minus N (modulo 16, Redis's default number of databases).
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        return url
+    parts = urlsplit(url)
+    if parts.scheme not in {"redis", "rediss"}:
+        return url
+    base = int(parts.path.strip("/") or "0")
+    return parts._replace(path=f"/{(base - int(worker[2:])) % 16}").geturl()
 
 
 def _missing(name: str, reason: str) -> None:
