@@ -18,7 +18,7 @@ from django_tasklock.backends.database.connections import (
     is_key_conflict,
     savepoint_if_in_transaction,
 )
-from django_tasklock.backends.database.functions import UtcNow
+from django_tasklock.backends.database.functions import Compiled, UtcNow
 
 if TYPE_CHECKING:
     from django_tasklock.models import CacheEntry
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 # Attempts at the INSERT when the key keeps changing hands between our INSERT
 # and our look at the row (or an abandoned row is taken over).
 _ACQUIRE_ATTEMPTS = 5
+# The row's created_at: the server's clock, compiled once per database.
+_NOW = Compiled(UtcNow())
 
 
 def insert_lease(
@@ -45,7 +47,7 @@ def insert_lease(
                     key=stored,
                     value=token,
                     expires_at=expires_at,
-                    created_at=UtcNow(),
+                    created_at=_NOW,
                 )
         except IntegrityError as exc:
             # "Held" only once the row is seen; one look also says whether

@@ -46,7 +46,7 @@ from django_tasklock.backends.database.fences import (
     next_fence_upsert,
     upsert_returns,
 )
-from django_tasklock.backends.database.functions import UtcNow
+from django_tasklock.backends.database.functions import Compiled, UtcNow
 from django_tasklock.backends.database.releases import end_lease
 from django_tasklock.backends.database.retries import retry_on_new_connection, retry_when_busy
 from django_tasklock.backends.forksafe import ForkSafeLock
@@ -78,7 +78,7 @@ class DatabaseBackend(BaseBackend):
         self._cached_model: type[CacheEntry] | None = None
         # Per alias, the release DELETEs (live rows, any row), compiled once.
         self._releases: dict[str, tuple[db_statements.Release, db_statements.Release]] = {}
-        self._lease_lengths: dict[timedelta, Any] = {}  # UtcNow() + length, built once
+        self._lease_lengths: dict[timedelta, Compiled] = {}  # UtcNow() + length, built once
 
     @classmethod
     def from_settings(cls) -> DatabaseBackend:
@@ -276,13 +276,13 @@ class DatabaseBackend(BaseBackend):
             self._releases[alias] = compiled
         return compiled
 
-    def _ends_in(self, length: timedelta) -> Any:
-        """``UtcNow() + length``, one expression per length (the ORM copies it to resolve it)."""
+    def _ends_in(self, length: timedelta) -> Compiled:
+        """``UtcNow() + length``, one expression per length, compiled once (see ``Compiled``)."""
         expression = self._lease_lengths.get(length)
         if expression is None:
             if len(self._lease_lengths) > 64:  # callers with ever-new ttls: do not grow
                 self._lease_lengths.clear()
-            expression = self._lease_lengths[length] = UtcNow() + length
+            expression = self._lease_lengths[length] = Compiled(UtcNow() + length)
         return expression
 
     def _model(self) -> type[CacheEntry]:
