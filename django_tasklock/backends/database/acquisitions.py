@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 _ACQUIRE_ATTEMPTS = 5
 # The row's created_at: the server's clock, compiled once per database.
 _NOW = Compiled(UtcNow())
+# Per model and alias, the manager bound to it: QuerySet.using() would clone a
+# queryset at every acquisition.
+_managers: dict[tuple[type[Any], str], Any] = {}
 
 
 def insert_lease(
@@ -43,7 +46,7 @@ def insert_lease(
     for _ in range(_ACQUIRE_ATTEMPTS):
         try:
             with savepoint_if_in_transaction(alias):
-                model.objects.using(alias).create(
+                _manager(model, alias).create(
                     key=stored,
                     value=token,
                     expires_at=expires_at,
@@ -70,3 +73,10 @@ def insert_lease(
             return "inserted"
     # The key changed hands at every attempt: it was held each time we asked.
     return "held"
+
+
+def _manager(model: type[CacheEntry], alias: str) -> Any:
+    manager = _managers.get((model, alias))
+    if manager is None:
+        manager = _managers[model, alias] = model.objects.db_manager(alias)
+    return manager
