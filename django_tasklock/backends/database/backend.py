@@ -79,6 +79,7 @@ class DatabaseBackend(BaseBackend):
         # Per alias, the release DELETEs (live rows, any row), compiled once.
         self._releases: dict[str, tuple[db_statements.Release, db_statements.Release]] = {}
         self._lease_lengths: dict[timedelta, Compiled] = {}  # UtcNow() + length, built once
+        self._batch: db_statements.Batch | None = None  # the last refresh_many's, kept
 
     @classmethod
     def from_settings(cls) -> DatabaseBackend:
@@ -136,21 +137,22 @@ class DatabaseBackend(BaseBackend):
 
         Runs under a statement timeout (``timeouts.REFRESH_TIMEOUT``, 5 s) that
         ends with its statement: no session setting is left on the connection
-        (see ``timeouts``).
+        (see ``timeouts``). A tuple passed again (the heartbeat's, while its
+        leases stay the same) reuses the rows and payloads built for it.
         """
-        stored = [storage_key(item.key) for item in items]
         in_test = self._test_leases
-        rows = [
-            (key, item.token, item.ttl, item.max_lifetime)
-            for key, item in zip(stored, items, strict=True)
-            if not in_test or (key, item.token) not in in_test
-        ]
+        batch = self._batch
+        if batch is None or batch.items is not items or in_test:
+            batch = db_statements.Batch(items, in_test)
+            if isinstance(items, tuple) and not in_test:  # the heartbeat's, sent again
+                self._batch = batch
+        stored, rows = batch.stored, batch.rows
         ours: set[tuple[str, str]] = set()
         if rows:
             model = self._model()
             with alias_for_writing(self.using) as alias:
                 try:
-                    ours = db_statements.refresh(model, alias, rows)
+                    ours = db_statements.refresh(model, alias, rows, batch.payloads)
                 except Error:
                     # A killed or dropped connection: let the next attempt open a new one.
                     connections[alias].close_if_unusable_or_obsolete()
