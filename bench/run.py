@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         logging.getLogger("django_tasklock").setLevel(logging.ERROR)
         result: dict[str, Any] = timed(contenders.all_contenders(up), args.seconds, args.repeat)
         result["skipped"] = up.skipped
-        if delay:
+        if up.far_aliases or up.far_redis_url:
             far = contenders.contenders_of(up.far_aliases, up.far_redis_url)
             result[f"latency_{args.latency_ms:g}ms"] = {
                 "added_ms_per_request": args.latency_ms,
