@@ -8,6 +8,9 @@ on the same server as the others of its group:
   our backend sends (compiled by the ORM once, then sent through the DB-API
   cursor of the same autocommit connection); for Redis ``SET NX PX`` then the
   classic compare-and-delete script by EVALSHA;
+- ``orm_floor`` (databases): a plain ``CacheEntry.objects.create(...)`` with the
+  same values, then the same compiled token DELETE: the least a design that
+  keeps ``create()`` and its ``IntegrityError`` can cost;
 - peers: django-db-mutex and django-pglock's advisory lock (PostgreSQL),
   redis-py's ``Lock`` and python-redis-lock with ``auto_renewal=True`` (Redis).
 """
@@ -98,6 +101,28 @@ def raw_database(group: str, alias: str) -> Contender:
     return Contender(group, "raw", "raw driver, same SQL", op)
 
 
+def orm_floor(group: str, alias: str) -> Contender:
+    """``CacheEntry.objects.create()`` with our values, then our compiled token DELETE."""
+    from django.db import connections
+
+    from django_tasklock.backends.database.functions import UtcNow
+    from django_tasklock.backends.database.statements import Release
+    from django_tasklock.models import CacheEntry
+
+    stored = f"task-lock:{RUN}{group}-floor"
+    token = TOKEN_HOST + secrets.token_urlsafe(18)
+    expires_at = UtcNow() + TTL
+    delete = Release(CacheEntry, alias, live_only=True)
+    manager = CacheEntry.objects.db_manager(alias)
+    connections[alias].ensure_connection()
+
+    def op() -> None:
+        manager.create(key=stored, value=token, expires_at=expires_at, created_at=UtcNow())
+        check(delete.run(alias, stored, token) == 1, "ORM floor: DELETE removed no row")
+
+    return Contender(group, "orm_floor", "ORM create() + same DELETE", op)
+
+
 def _qmark(query: str) -> str:
     from django.db.backends.sqlite3.base import FORMAT_QMARK_REGEX
 
@@ -183,19 +208,26 @@ def python_redis_lock(client: Any) -> Contender:
 
 def all_contenders(servers: Servers) -> list[Contender]:
     """Every contender whose server answered and whose package is installed."""
+    out = contenders_of(servers.aliases, servers.redis_url)
+    if "postgres" in servers.aliases:  # on the "default" alias: PostgreSQL's
+        out[3:3] = [django_db_mutex(), django_pglock()]
+    return out
+
+
+def contenders_of(aliases: dict[str, str], redis_url: str | None) -> list[Contender]:
+    """Ours, the ORM floor and raw on each database alias; ours, raw and peers on Redis."""
     from django_tasklock.backends.database import DatabaseBackend
     from django_tasklock.backends.redis import RedisBackend
 
     out: list[Contender] = []
-    for group, alias in servers.aliases.items():
-        out += [ours(group, DatabaseBackend(using=alias)), raw_database(group, alias)]
-    if "postgres" in servers.aliases:
-        out += [django_db_mutex(), django_pglock()]
-    if servers.redis_url:
+    for group, alias in aliases.items():
+        out += [ours(group, DatabaseBackend(using=alias)), orm_floor(group, alias)]
+        out.append(raw_database(group, alias))
+    if redis_url:
         import redis
 
         # Our backend and every Redis contender get the same kind of client.
-        out.append(ours("redis", RedisBackend(url=servers.redis_url)))
-        client = redis.Redis.from_url(servers.redis_url, socket_timeout=10)
+        out.append(ours("redis", RedisBackend(url=redis_url)))
+        client = redis.Redis.from_url(redis_url, socket_timeout=10)
         out += [raw_redis(client), redis_py_lock(client), python_redis_lock(client)]
     return out

@@ -10,6 +10,9 @@ from timing import Samples
 
 #: The ratios docs/speed.md quotes: ours / other, both measured in the same rounds.
 RATIOS = {
+    "postgres_vs_orm_floor": ("postgres", "orm_floor"),
+    "sqlite_vs_orm_floor": ("sqlite", "orm_floor"),
+    "mariadb_vs_orm_floor": ("mariadb", "orm_floor"),
     "postgres_vs_raw": ("postgres", "raw"),
     "postgres_vs_django_db_mutex": ("postgres", "django_db_mutex"),
     "postgres_vs_django_pglock": ("postgres", "django_pglock"),
@@ -33,22 +36,39 @@ def contenders_table(groups: dict[str, dict[str, Samples]]) -> list[dict[str, An
                     "cycles_per_s": round(sample.median, 1),
                     "samples": [round(rate, 1) for rate in sample.rates],
                     "cpu_us_per_cycle": round(sorted(sample.cpu_us)[len(sample.cpu_us) // 2], 1),
+                    "cpu_us_samples": [round(cpu, 1) for cpu in sample.cpu_us],
                     "note": sample.contender.note,
                 }
             )
     return rows
 
 
-def print_report(report: dict[str, Any]) -> None:
-    print(f"\n{'backend':<9} {'contender':<32} {'cycles/s':>10} {'CPU us/cycle':>13}")
-    for row in report["contenders"]:
+def _print_timed(timed: dict[str, Any], title: str) -> None:
+    print(f"\n{title}")
+    print(f"{'backend':<9} {'contender':<32} {'CPU us/cycle':>13} {'cycles/s':>10}")
+    for row in timed["contenders"]:
         print(
-            f"{row['backend']:<9} {row['label']:<32} {row['cycles_per_s']:>10,.0f} "
-            f"{row['cpu_us_per_cycle']:>13,.0f}"
+            f"{row['backend']:<9} {row['label']:<32} {row['cpu_us_per_cycle']:>13,.0f} "
+            f"{row['cycles_per_s']:>10,.0f}"
         )
-    print("\nratios (ours / other, median of per-round ratios):")
-    for name, value in report["ratios"].items():
-        print(f"  {name:<30} {'-' if value is None else f'{value:.2f}'}")
+    print("ratios, ours / other (median of per-round ratios):  CPU   wall")
+    for name, value in timed["ratios"].items():
+        cpu = timed["cpu_ratios"][name]
+        if value is not None:
+            print(f"  {name:<30} {'':>17} {cpu:>5.2f} {value:>6.2f}")
+
+
+def print_report(report: dict[str, Any]) -> None:
+    _print_timed(report, "on loopback (CPU: cycles per CPU second; wall: cycles/s)")
+    for name, block in report.items():
+        if name.startswith("latency_"):
+            _print_timed(block, f"{block['added_ms_per_request']:g} ms away ({name})")
+    load = report.get("load")
+    if load:
+        print(
+            f"\nload average (1 min) before {load['before']['1min']}, after "
+            f"{load['after']['1min']}, on {load['before']['cores']} cores"
+        )
     heartbeat = report.get("heartbeat") or {}
     for label, run in (("500", heartbeat), ("10,000", heartbeat.get("locks_10000"))):
         if run:
@@ -70,30 +90,50 @@ def write_json(report: dict[str, Any], path: Path) -> None:
 
 
 def write_chart(report: dict[str, Any], path: Path) -> None:
-    """Cycles/s of every contender, grouped by storage, ours first in each group."""
+    """Per storage, ours first: CPU per cycle, cycles/s on loopback, and cycles/s far away."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = report["contenders"]
-    groups = list(dict.fromkeys(row["backend"] for row in rows))
-    colours = {"ours": "#2b7bba", "raw": "#9a9a9a"}
-    fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups) + 1, 4.2), squeeze=False)
-    for axis, group in zip(axes[0], groups, strict=True):
-        mine = [row for row in rows if row["backend"] == group]
-        labels = [row["label"].replace(" ", "\n", 1) for row in mine]
-        values = [row["cycles_per_s"] for row in mine]
-        bars = axis.bar(
-            range(len(mine)), values, color=[colours.get(r["contender"], "#e08a3c") for r in mine]
-        )
-        axis.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=7)
-        axis.set_xticks(range(len(mine)), labels, fontsize=7, rotation=30, ha="right")
-        axis.set_title(group)
-        axis.set_ylabel("acquire + release cycles/s" if group == groups[0] else "")
+    panels = [
+        (report["contenders"], "cpu_us_per_cycle", "CPU us per cycle (lower is better)"),
+        (report["contenders"], "cycles_per_s", "cycles/s on loopback"),
+    ]
+    for name, block in report.items():
+        if name.startswith("latency_"):
+            ms = block["added_ms_per_request"]
+            panels.append((block["contenders"], "cycles_per_s", f"cycles/s, {ms:g} ms away"))
+    groups = list(dict.fromkeys(row["backend"] for row in report["contenders"]))
+    colours = {"ours": "#2b7bba", "raw": "#9a9a9a", "orm_floor": "#c7c7c7"}
+    fig, axes = plt.subplots(
+        len(panels),
+        len(groups),
+        figsize=(3.2 * len(groups) + 1, 3.4 * len(panels)),
+        squeeze=False,
+    )
+    for line, (rows, field, ylabel) in zip(axes, panels, strict=True):
+        for axis, group in zip(line, groups, strict=True):
+            mine = [row for row in rows if row["backend"] == group]
+            if not mine:
+                axis.set_axis_off()
+                continue
+            labels = [row["label"].replace(" ", "\n", 1) for row in mine]
+            values = [row[field] for row in mine]
+            bars = axis.bar(
+                range(len(mine)),
+                values,
+                color=[colours.get(r["contender"], "#e08a3c") for r in mine],
+            )
+            axis.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=7)
+            axis.set_xticks(range(len(mine)), labels, fontsize=6, rotation=30, ha="right")
+            axis.set_title(group, fontsize=9)
+            axis.set_ylabel(ylabel if group == groups[0] else "", fontsize=8)
     fig.suptitle(
-        "django-tasklock (blue) vs the raw floor (grey) and peers (orange), one run", fontsize=10
+        "django-tasklock (blue) vs the ORM floor and raw driver (grey) and peers (orange), "
+        "one run",
+        fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)

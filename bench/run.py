@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, help="rounds (default 7, quick 3)")
     parser.add_argument("--out", type=Path, default=HERE, help="where results.json/png go")
     parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=1.0,
+        help="the deployment-shaped scenario: every request held this long by a proxy "
+        "(default 1; 0 skips it)",
+    )
+    parser.add_argument(
         "--server-side-binding",
         action="store_true",
         help="PostgreSQL OPTIONS server_side_binding=True, prepare_threshold=5 (not behind "
@@ -46,32 +54,59 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def load() -> dict[str, Any]:
+    """The machine's load average (1, 5, 15 min) and its cores: was it idle?"""
+    one, five, fifteen = os.getloadavg()
+    cores = os.cpu_count() or 1
+    return {
+        "1min": round(one, 2),
+        "5min": round(five, 2),
+        "15min": round(fifteen, 2),
+        "per_core_1min": round(one / cores, 2),
+        "cores": cores,
+    }
+
+
+def timed(everyone: list[Any], seconds: float, repeat: int, label: str = "") -> dict[str, Any]:
+    """Each storage's contenders in interleaved rounds: the ratios and the table."""
+    import report
+    import timing
+
+    groups: dict[str, dict[str, timing.Samples]] = {}
+    for group in dict.fromkeys(c.group for c in everyone):
+        servers.log(f"timing {group}{label} ...")
+        groups[group] = timing.rounds([c for c in everyone if c.group == group], seconds, repeat)
+    return {
+        "ratios": {
+            name: timing.ratio(groups.get(group, {}), "ours", other)
+            for name, (group, other) in report.RATIOS.items()
+        },
+        "cpu_ratios": {
+            name: timing.cpu_ratio(groups.get(group, {}), "ours", other)
+            for name, (group, other) in report.RATIOS.items()
+        },
+        "contenders": report.contenders_table(groups),
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.server_side_binding:
         servers.POSTGRES_OPTIONS.update(server_side_binding=True, prepare_threshold=5)
-    with servers.started(args.backends) as up:
+    before = load()
+    delay = args.latency_ms / 1000 if args.latency_ms > 0 else None
+    with servers.started(args.backends, delay) as up:
         import beats
         import contenders
-        import report
-        import timing
 
         logging.getLogger("django_tasklock").setLevel(logging.ERROR)
-        everyone = contenders.all_contenders(up)
-        groups: dict[str, dict[str, timing.Samples]] = {}
-        for group in dict.fromkeys(c.group for c in everyone):
-            servers.log(f"timing {group} ...")
-            groups[group] = timing.rounds(
-                [c for c in everyone if c.group == group], args.seconds, args.repeat
-            )
-        ratios = {
-            name: timing.ratio(groups.get(group, {}), "ours", other)
-            for name, (group, other) in report.RATIOS.items()
-        }
-        result: dict[str, Any] = {
-            "ratios": ratios,
-            "contenders": report.contenders_table(groups),
-            "skipped": up.skipped,
-        }
+        result: dict[str, Any] = timed(contenders.all_contenders(up), args.seconds, args.repeat)
+        result["skipped"] = up.skipped
+        if up.far_aliases or up.far_redis_url:
+            far = contenders.contenders_of(up.far_aliases, up.far_redis_url)
+            result[f"latency_{args.latency_ms:g}ms"] = {
+                "added_ms_per_request": args.latency_ms,
+                **timed(far, args.seconds, args.repeat, f" ({args.latency_ms:g} ms away)"),
+            }
         alias = up.aliases.get("postgres")
         if alias is not None:
             servers.log("heartbeat ...")
@@ -94,6 +129,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["otel"] = otel_cost.cost(up, args.seconds, args.repeat)
         result["versions"] = servers.versions(up)
         result["transport"] = servers.transport()
+        result["load"] = {"before": before, "after": load()}
         result["settings"] = {
             "seconds_per_sample": args.seconds,
             "rounds": args.repeat,

@@ -48,6 +48,9 @@ class Servers:
     aliases: dict[str, str] = field(default_factory=dict)  # "postgres" -> "default"
     redis_url: str | None = None
     skipped: dict[str, str] = field(default_factory=dict)
+    #: The same servers through a proxy that delays every request (``--latency``).
+    far_aliases: dict[str, str] = field(default_factory=dict)  # "postgres" -> "postgres_far"
+    far_redis_url: str | None = None
 
 
 def _parts(raw: str) -> dict[str, Any]:
@@ -129,8 +132,12 @@ def _redis_answers() -> bool:
 
 
 @contextmanager
-def started(wanted: list[str]) -> Iterator[Servers]:
-    """Scratch databases for ``wanted`` backends, Django configured and migrated."""
+def started(wanted: list[str], delay: float | None = None) -> Iterator[Servers]:
+    """Scratch databases for ``wanted`` backends, Django configured and migrated.
+
+    With a ``delay`` (seconds), the networked servers are also reachable
+    through proxies that hold every request that long (``far_aliases``).
+    """
     servers = Servers()
     databases: dict[str, Any] = {}
     with ExitStack() as stack:
@@ -159,7 +166,10 @@ def started(wanted: list[str]) -> Iterator[Servers]:
         names = [name for name in order if name in databases]
         for index, name in enumerate(names):
             servers.aliases[name] = "default" if index == 0 else name
-        _configure({servers.aliases[n]: databases[n] for n in names}, servers.redis_url)
+        configured = {servers.aliases[n]: databases[n] for n in names}
+        if delay:
+            configured.update(_far(stack, servers, databases, delay))
+        _configure(configured, servers.redis_url)
         from django.core.management import call_command
 
         for alias in servers.aliases.values():
@@ -168,6 +178,34 @@ def started(wanted: list[str]) -> Iterator[Servers]:
             yield servers
         finally:
             _clean_redis(servers.redis_url)
+
+
+def _far(
+    stack: ExitStack, servers: Servers, databases: dict[str, Any], delay: float
+) -> dict[str, Any]:
+    """Proxied twins of the PostgreSQL and MariaDB aliases (and Redis URL): their settings."""
+    import latency
+
+    upstreams = {
+        name: (str(databases[name]["HOST"]), int(databases[name]["PORT"] or default))
+        for name, default in (("postgres", 5432), ("mariadb", 3306))
+        if name in databases
+    }
+    if servers.redis_url:
+        parts = urlsplit(servers.redis_url)
+        upstreams["redis"] = (parts.hostname or "127.0.0.1", parts.port or 6379)
+    ports = stack.enter_context(latency.proxied(delay, upstreams))
+    out = {}
+    for name, port in ports.items():
+        if name == "redis":
+            parts = urlsplit(servers.redis_url or "")
+            credentials = parts.netloc.rpartition("@")[0]
+            netloc = f"{credentials}@127.0.0.1:{port}" if credentials else f"127.0.0.1:{port}"
+            servers.far_redis_url = parts._replace(netloc=netloc).geturl()
+        else:
+            servers.far_aliases[name] = f"{name}_far"
+            out[f"{name}_far"] = {**databases[name], "HOST": "127.0.0.1", "PORT": str(port)}
+    return out
 
 
 def _configure(databases: dict[str, Any], redis_url: str | None) -> None:

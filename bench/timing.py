@@ -60,11 +60,24 @@ def rounds(contenders: list[Contender], seconds: float, repeat: int) -> dict[str
 
 
 def ratio(samples: dict[str, Samples], ours: str, other: str) -> float | None:
-    """Median over rounds of ours / other, both measured in the same round."""
+    """Median over rounds of ours / other (cycles/s, wall), both measured in the same round."""
     if ours not in samples or other not in samples:
         return None
     pairs = zip(samples[ours].rates, samples[other].rates, strict=True)
     return round(statistics.median(a / b for a, b in pairs), 3)
+
+
+def cpu_ratio(samples: dict[str, Samples], ours: str, other: str) -> float | None:
+    """Median over rounds of other's CPU per cycle / ours: cycles per CPU second, ours / other.
+
+    Read like :func:`ratio` (1.0: as cheap; 0.5: twice the CPU), but hardly
+    moved by other processes: a loaded machine delays a cycle, it does not
+    make it cost more CPU.
+    """
+    if ours not in samples or other not in samples:
+        return None
+    pairs = zip(samples[ours].cpu_us, samples[other].cpu_us, strict=True)
+    return round(statistics.median(b / a for a, b in pairs), 3)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -99,11 +99,11 @@ def refuse_event_loop(key: str, call: str, twin: str) -> None:
     Django's own test, so that the lock behaves alike on every backend: a
     sync view under ASGI runs in a worker thread, without a loop, and passes.
     """
-    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
-        return
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        return
+    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
         return
     raise SyncLockInAsyncContext(
         f"Task lock {key!r}: {call} was called inside async code, where it would block "

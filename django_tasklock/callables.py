@@ -27,7 +27,7 @@ def is_coroutine_function(value: object) -> bool:
     """``async def`` functions, also behind ``functools.partial`` or as ``__call__``."""
     while isinstance(value, functools.partial):
         value = value.func
-    if iscoroutinefunction(value) or inspect.iscoroutinefunction(value):
+    if iscoroutinefunction(value):  # asgiref's: inspect's, and marked sync_to_async wrappers
         return True
     call = getattr(type(value), "__call__", None)  # noqa: B004 - the class's, not callable()
     return not inspect.isroutine(value) and inspect.iscoroutinefunction(call)

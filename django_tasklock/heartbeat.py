@@ -75,6 +75,7 @@ class Heartbeat(BatchRefresher):
         # Backends the thread refreshed through since it last went idle: only
         # those can have connections of the thread's to close.
         self._touched: dict[int, BaseBackend] = {}
+        self._batches = {}  # see BatchRefresher._refreshes
         self._closed = 0  # closed leases still in the heap
         # When the thread next looks at the heap by itself (-inf: it is busy
         # and will look before sleeping): a new lease due later needs no wake-up.
@@ -169,6 +170,7 @@ class Heartbeat(BatchRefresher):
                 if not self._heap:
                     if self._touched:
                         idle, self._touched = list(self._touched.values()), {}
+                        self._batches.clear()  # let go of the leases last sent
                         return [], idle
                     # Idle, but looking again every shortest interval seen: a
                     # new lease is then due after that and needs no wake-up (a

@@ -30,6 +30,8 @@ class BatchRefresher:
     _cond: threading.Condition
     _touched: dict[int, BaseBackend]
     _waiting: int  # releases waiting for a refresh under way
+    #: Per backend, the leases last sent and the tuple of refreshes made of them.
+    _batches: dict[int, tuple[list[Lease], tuple[Refresh, ...]]]
 
     def _beat(self, leases: list[Lease]) -> list[Lease]:
         """Refresh ``leases`` (all of one backend) in one call; return those to refresh again.
@@ -43,6 +45,7 @@ class BatchRefresher:
             return looked + self._failed(live, answers)
         again: list[Lease] = looked
         looks = _LOOKS_PER_TICK
+        answered_at = clock()
         for lease, still_ours in zip(live, answers, strict=True):
             if lease.closed:
                 continue
@@ -60,7 +63,7 @@ class BatchRefresher:
             # Still ours, even if declared lost by its deadline while the call
             # was under way: nobody held the key meanwhile, so keep it.
             lease.valid_until = lease.confirmed_until
-            lease.answered_at = clock()
+            lease.answered_at = answered_at
             again.append(lease)
         return again
 
@@ -116,16 +119,21 @@ class BatchRefresher:
                 # (One answered after its deadline, still ours, is kept.)
                 lease.lost  # noqa: B018 - declared by its deadline, if not yet
                 continue
-            if lease.pending is None and lease.stalled(now):  # progress_timeout passed
+            if (
+                lease.pending is None
+                and lease.progress_timeout is not None  # else never stalled: no call
+                and lease.stalled(now)  # progress_timeout passed
+            ):
                 if now < lease.valid_until:
                     lease.next_due = lease.valid_until  # not refreshed: looked at as it runs out
                     looked.append(lease)
                 else:
                     lease.lost  # noqa: B018 - declared by its deadline, if not yet
                 continue
-            lease.next_due = min(now + known[0], lease.deadline)
+            due, until, deadline = now + known[0], now + known[1], lease.deadline
+            lease.next_due = due if due < deadline else deadline
             # What this refresh confirms, if it does: the storage dates it after now.
-            lease.confirmed_until = min(now + known[1], lease.deadline)
+            lease.confirmed_until = until if until < deadline else deadline
             live.append(lease)
         with self._cond:
             # Released meanwhile: not sent. The others are waited for by a
@@ -136,9 +144,7 @@ class BatchRefresher:
         if not live:
             return live, looked, []
         try:
-            answers = backend.refresh_many(
-                [Refresh(x.key, x.token, x.options.ttl, x.options.max_lifetime) for x in live]
-            )
+            answers = backend.refresh_many(self._refreshes(backend, live))
         except Exception as error:
             return live, looked, error
         finally:
@@ -148,6 +154,17 @@ class BatchRefresher:
                 if self._waiting:
                     self._cond.notify_all()
         return live, looked, answers
+
+    def _refreshes(self, backend: BaseBackend, live: list[Lease]) -> tuple[Refresh, ...]:
+        """What ``refresh_many`` gets for ``live``: the last tick's tuple if the leases are
+        the same, so that the backend can reuse what it built from it (the database
+        backend its rows and statements' payloads); else a new one."""
+        last = self._batches.get(id(backend))
+        if last is not None and last[0] == live:  # Lease compares by identity
+            return last[1]
+        items = tuple(Refresh(x.key, x.token, x.options.ttl, x.options.max_lifetime) for x in live)
+        self._batches[id(backend)] = (live, items)
+        return items
 
     def _failed(self, leases: list[Lease], error: Exception) -> list[Lease]:
         """After a failed refresh: logged, and the leases not lost retried at their interval.

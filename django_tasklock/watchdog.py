@@ -19,7 +19,9 @@ pushed. A confirmed refresh only moves ``valid_until`` later, and changes
 nothing here: an entry found early is pushed again at the lease's new
 deadline. Only a new lease whose deadline is earlier than the thread's wake-up
 wakes it. Released leases leave when they come due, or all at once when they
-are half the heap.
+are half the heap. Once the heap is empty the thread looks again after one
+slice before it sleeps until a lease comes, so that a loop of short locks does
+not wake it for every one.
 
 ``Lease.lost`` applies the same rule by itself (it compares the clock), so a
 reader never waits for this thread; the thread is there for the leases
@@ -92,6 +94,7 @@ class DeadlineWatcher:
     def _next_due(self) -> list[Lease]:
         """Wait for the earliest deadline; return the leases whose deadline has passed."""
         with self._cond:
+            quiet = False  # found nothing to watch once already
             while True:
                 now = clock()
                 due: list[Lease] = []
@@ -99,6 +102,7 @@ class DeadlineWatcher:
                     when, _, lease = self._heap[0]
                     if lease.closed or lease.lost_event.is_set():
                         heapq.heappop(self._heap)
+                        quiet = False
                         if lease.closed:
                             self._closed = max(0, self._closed - 1)
                     elif lease.valid_until > when:  # confirmed since: watch the new deadline
@@ -111,8 +115,20 @@ class DeadlineWatcher:
                 if due:
                     self._wake_at = -math.inf
                     return due
-                self._wake_at = self._heap[0][0] if self._heap else math.inf
-                self._cond.wait(None if not self._heap else min(self._wake_at - now, SLICE))
+                if self._heap:
+                    quiet = False
+                    self._wake_at = self._heap[0][0]
+                    self._cond.wait(min(self._wake_at - now, SLICE))
+                elif not quiet:
+                    # Just emptied: look again after a slice before sleeping for
+                    # good. A loop of short locks, each released before this thread
+                    # sees it, then wakes it once a slice, not once per lock.
+                    quiet = True
+                    self._wake_at = now + SLICE
+                    self._cond.wait(SLICE)
+                else:
+                    self._wake_at = math.inf
+                    self._cond.wait()
 
     def _run(self) -> None:
         mark_background()

@@ -166,3 +166,23 @@ def test_binary_key_migration_goes_back_and_forth(alias: str) -> None:
         assert binary is not None
         assert binary.endswith("_bin")
         assert folding != binary
+
+
+def test_a_compiled_value_inserts_what_the_plain_expression_does(alias: str) -> None:
+    """``Compiled`` (resolved and compiled once) sends the plain expression's SQL, every time."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_tasklock.backends.database.functions import Compiled, UtcNow
+
+    rows = CacheEntry.objects.using(alias)
+    ends = Compiled(UtcNow() + TTL)
+    began = Compiled(UtcNow())
+    with CaptureQueriesContext(connections[alias]) as sent:
+        rows.create(key="cache:plain", value="v", expires_at=UtcNow() + TTL, created_at=UtcNow())
+        for n in (1, 2):  # the first compiles, the second answers from the cache
+            rows.create(key=f"cache:compiled-{n}", value="v", expires_at=ends, created_at=began)
+    plain, *compiled = (query["sql"] for query in sent.captured_queries)
+    assert compiled == [plain.replace("cache:plain", f"cache:compiled-{n}") for n in (1, 2)]
+    stored = rows.filter(key__startswith="cache:").order_by("key")
+    times = {row.key: (row.expires_at - row.created_at) for row in stored}
+    assert times == dict.fromkeys(["cache:compiled-1", "cache:compiled-2", "cache:plain"], TTL)

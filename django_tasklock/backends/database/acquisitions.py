@@ -18,7 +18,7 @@ from django_tasklock.backends.database.connections import (
     is_key_conflict,
     savepoint_if_in_transaction,
 )
-from django_tasklock.backends.database.functions import UtcNow
+from django_tasklock.backends.database.functions import Compiled, UtcNow
 
 if TYPE_CHECKING:
     from django_tasklock.models import CacheEntry
@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 # Attempts at the INSERT when the key keeps changing hands between our INSERT
 # and our look at the row (or an abandoned row is taken over).
 _ACQUIRE_ATTEMPTS = 5
+# The row's created_at: the server's clock, compiled once per database.
+_NOW = Compiled(UtcNow())
+# Per model and alias, the manager bound to it: QuerySet.using() would clone a
+# queryset at every acquisition.
+_managers: dict[tuple[type[Any], str], Any] = {}
 
 
 def insert_lease(
@@ -41,11 +46,11 @@ def insert_lease(
     for _ in range(_ACQUIRE_ATTEMPTS):
         try:
             with savepoint_if_in_transaction(alias):
-                model.objects.using(alias).create(
+                _manager(model, alias).create(
                     key=stored,
                     value=token,
                     expires_at=expires_at,
-                    created_at=UtcNow(),
+                    created_at=_NOW,
                 )
         except IntegrityError as exc:
             # "Held" only once the row is seen; one look also says whether
@@ -68,3 +73,10 @@ def insert_lease(
             return "inserted"
     # The key changed hands at every attempt: it was held each time we asked.
     return "held"
+
+
+def _manager(model: type[CacheEntry], alias: str) -> Any:
+    manager = _managers.get((model, alias))
+    if manager is None:
+        manager = _managers[model, alias] = model.objects.db_manager(alias)
+    return manager

@@ -46,7 +46,7 @@ from django_tasklock.backends.database.fences import (
     next_fence_upsert,
     upsert_returns,
 )
-from django_tasklock.backends.database.functions import UtcNow
+from django_tasklock.backends.database.functions import Compiled, UtcNow
 from django_tasklock.backends.database.releases import end_lease
 from django_tasklock.backends.database.retries import retry_on_new_connection, retry_when_busy
 from django_tasklock.backends.forksafe import ForkSafeLock
@@ -78,7 +78,8 @@ class DatabaseBackend(BaseBackend):
         self._cached_model: type[CacheEntry] | None = None
         # Per alias, the release DELETEs (live rows, any row), compiled once.
         self._releases: dict[str, tuple[db_statements.Release, db_statements.Release]] = {}
-        self._lease_lengths: dict[timedelta, Any] = {}  # UtcNow() + length, built once
+        self._lease_lengths: dict[timedelta, Compiled] = {}  # UtcNow() + length, built once
+        self._batch: db_statements.Batch | None = None  # the last refresh_many's, kept
 
     @classmethod
     def from_settings(cls) -> DatabaseBackend:
@@ -136,21 +137,22 @@ class DatabaseBackend(BaseBackend):
 
         Runs under a statement timeout (``timeouts.REFRESH_TIMEOUT``, 5 s) that
         ends with its statement: no session setting is left on the connection
-        (see ``timeouts``).
+        (see ``timeouts``). A tuple passed again (the heartbeat's, while its
+        leases stay the same) reuses the rows and payloads built for it.
         """
-        stored = [storage_key(item.key) for item in items]
         in_test = self._test_leases
-        rows = [
-            (key, item.token, item.ttl, item.max_lifetime)
-            for key, item in zip(stored, items, strict=True)
-            if not in_test or (key, item.token) not in in_test
-        ]
+        batch = self._batch
+        if batch is None or batch.items is not items or in_test:
+            batch = db_statements.Batch(items, in_test)
+            if isinstance(items, tuple) and not in_test:  # the heartbeat's, sent again
+                self._batch = batch
+        stored, rows = batch.stored, batch.rows
         ours: set[tuple[str, str]] = set()
         if rows:
             model = self._model()
             with alias_for_writing(self.using) as alias:
                 try:
-                    ours = db_statements.refresh(model, alias, rows)
+                    ours = db_statements.refresh(model, alias, rows, batch.payloads)
                 except Error:
                     # A killed or dropped connection: let the next attempt open a new one.
                     connections[alias].close_if_unusable_or_obsolete()
@@ -276,13 +278,13 @@ class DatabaseBackend(BaseBackend):
             self._releases[alias] = compiled
         return compiled
 
-    def _ends_in(self, length: timedelta) -> Any:
-        """``UtcNow() + length``, one expression per length (the ORM copies it to resolve it)."""
+    def _ends_in(self, length: timedelta) -> Compiled:
+        """``UtcNow() + length``, one expression per length, compiled once (see ``Compiled``)."""
         expression = self._lease_lengths.get(length)
         if expression is None:
             if len(self._lease_lengths) > 64:  # callers with ever-new ttls: do not grow
                 self._lease_lengths.clear()
-            expression = self._lease_lengths[length] = UtcNow() + length
+            expression = self._lease_lengths[length] = Compiled(UtcNow() + length)
         return expression
 
     def _model(self) -> type[CacheEntry]:

@@ -9,6 +9,9 @@
   whatever ``USE_TZ`` and the session's zone are.
 * The key prefix: SQLite's ``LIKE`` (``key__startswith``) ignores ASCII case;
   ``in_namespace`` matches ``task-lock:`` byte for byte.
+
+``Compiled`` is not about correctness but cost: an INSERT's values resolved
+and compiled once per database, not at every ``create()``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from django.db.models import DateTimeField, Func, Q, Value
+from django.db.models import DateTimeField, Expression, Func, Q, Value
 from django.db.models.functions import Left, Now
 from django.db.models.lookups import Exact
 
@@ -74,3 +77,38 @@ def in_namespace() -> Q:
     return Q(key__startswith=KEY_PREFIX) & Q(
         Exact(Left("key", len(KEY_PREFIX)), Value(KEY_PREFIX))
     )
+
+
+class Compiled(Expression):
+    """An INSERT value (``UtcNow() + ttl``) resolved and compiled once per database.
+
+    ``create()`` resolves every expression value (copying it) and compiles it
+    again at each call, which costs more CPU than sending the INSERT.
+    This one answers its SQL from a cache, per alias and engine, filled by
+    the ORM's own compiler the first time: the statement sent is the very one
+    the plain expression gives. For INSERT values only (no columns, no
+    aggregates: the compiler checks that on the plain expression).
+    """
+
+    contains_aggregate = False
+    contains_over_clause = False
+    contains_column_references = False
+
+    def __init__(self, expression: Any) -> None:
+        super().__init__(output_field=DateTimeField())
+        self.expression = expression
+        self._sql: dict[tuple[str, str], tuple[str, tuple[Any, ...]]] = {}
+
+    def resolve_expression(self, *args: Any, **kwargs: Any) -> Compiled:
+        return self  # nothing to resolve: as_sql compiles the plain expression once
+
+    def as_sql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        where = (connection.alias, connection.settings_dict["ENGINE"])
+        known = self._sql.get(where)
+        if known is None:
+            plain = self.expression.resolve_expression(
+                compiler.query, allow_joins=False, for_save=True
+            )
+            sql, params = compiler.compile(plain)
+            known = self._sql[where] = (sql, tuple(params))
+        return known[0], list(known[1])

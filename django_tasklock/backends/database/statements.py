@@ -35,6 +35,7 @@ from django.db import connections
 from django.db.models import F, Q, sql
 from django.db.models.functions import Least
 
+from django_tasklock.backends.base import Refresh, storage_key
 from django_tasklock.backends.database import timeouts
 from django_tasklock.backends.database.functions import UtcNow
 from django_tasklock.backends.database.timeouts import REFRESH_TIMEOUT as REFRESH_TIMEOUT
@@ -78,17 +79,48 @@ class Release:
 Row = tuple[str, str, timedelta, timedelta]  # stored key, token, ttl, max_lifetime
 
 
-def refresh(model: type[CacheEntry], alias: str, rows: Sequence[Row]) -> set[tuple[str, str]]:
+class Batch:
+    """What a refresh of ``items`` sends, built once: the rows, and PostgreSQL's payloads.
+
+    The heartbeat passes the same tuple of leases tick after tick while none
+    is added or released; the backend keeps its ``Batch`` for it, so that
+    10,000 leases are not turned into rows and JSON again every second.
+    ``skip``: (stored key, token) pairs left out (leases of a ``TestCase``).
+    """
+
+    def __init__(self, items: Sequence[Refresh], skip: set[tuple[str, str]]) -> None:
+        self.items = items
+        self.stored = [storage_key(item.key) for item in items]
+        self.rows: list[Row] = [
+            (key, item.token, item.ttl, item.max_lifetime)
+            for key, item in zip(self.stored, items, strict=True)
+            if not skip or (key, item.token) not in skip
+        ]
+        self.payloads: dict[int, str] = {}  # PostgreSQL's JSON per chunk, by its first row
+
+
+def refresh(
+    model: type[CacheEntry],
+    alias: str,
+    rows: Sequence[Row],
+    payloads: dict[int, str] | None = None,
+) -> set[tuple[str, str]]:
     """Extend ``rows`` where still held by their token: the (stored key, token) pairs still ours.
 
     One statement per chunk (per ttl and cap outside PostgreSQL), under the
-    refresh timeout (see ``timeouts``).
+    refresh timeout (see ``timeouts``). ``payloads``: PostgreSQL's JSON of each
+    chunk, filled on first use and reused (see :class:`Batch`).
     """
     connection = connections[alias]
     ours: set[tuple[str, str]] = set()
     if connection.vendor == "postgresql":
-        for chunk in chunks(rows, REFRESH_CHUNK):
-            ours |= refresh_postgres(model, alias, chunk)
+        known = {} if payloads is None else payloads
+        for start in range(0, len(rows), REFRESH_CHUNK):
+            chunk = rows[start : start + REFRESH_CHUNK]
+            payload = known.get(start)
+            if payload is None:
+                payload = known[start] = postgres_payload(chunk)
+            ours |= refresh_postgres(model, alias, chunk, payload)
         return ours
     groups: dict[tuple[timedelta, timedelta], list[tuple[str, str]]] = {}
     for key, token, ttl, cap in rows:
@@ -103,10 +135,31 @@ def chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[start : start + size] for start in range(0, len(items), size)]
 
 
+def postgres_payload(rows: Sequence[Row]) -> str:
+    """``rows`` as the one JSON text :func:`refresh_postgres` sends."""
+    # One JSON text, not four arrays: the driver then quotes one string instead
+    # of each element, which was most of the heartbeat's CPU for many leases.
+    seconds: dict[timedelta, float] = {}
+    return json.dumps(
+        [
+            [
+                key,
+                token,
+                seconds.get(ttl) or seconds.setdefault(ttl, ttl.total_seconds()),
+                seconds.get(cap) or seconds.setdefault(cap, cap.total_seconds()),
+            ]
+            for key, token, ttl, cap in rows
+        ]
+    )
+
+
 def refresh_postgres(
-    model: type[CacheEntry], alias: str, rows: Sequence[Row]
+    model: type[CacheEntry], alias: str, rows: Sequence[Row], payload: str | None = None
 ) -> set[tuple[str, str]]:
-    """One UPDATE for ``rows`` of (stored key, token, ttl, max_lifetime): the pairs still ours."""
+    """One UPDATE for ``rows`` of (stored key, token, ttl, max_lifetime): the pairs still ours.
+
+    ``payload``: :func:`postgres_payload` of ``rows``, if already made.
+    """
     connection = connections[alias]
     quote = connection.ops.quote_name
     table, key, value = quote(model._meta.db_table), quote("key"), quote("value")
@@ -126,20 +179,8 @@ def refresh_postgres(
         f"WHERE e.{key} = o.{key} "
         f"RETURNING e.{key}, e.{value}"
     )
-    # One JSON text, not four arrays: the driver then quotes one string instead
-    # of each element, which was most of the heartbeat's CPU for many leases.
-    seconds: dict[timedelta, float] = {}
-    payload = json.dumps(
-        [
-            [
-                key,
-                token,
-                seconds.get(ttl) or seconds.setdefault(ttl, ttl.total_seconds()),
-                seconds.get(cap) or seconds.setdefault(cap, cap.total_seconds()),
-            ]
-            for key, token, ttl, cap in rows
-        ]
-    )
+    if payload is None:
+        payload = postgres_payload(rows)
     # One query, one implicit transaction: the timeout ends with it.
     timeout = timeouts.postgres_prefix(connection)
     with timeouts.client_side_cursor(connection) as cursor:

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _STALE_MS = int(STALE_AFTER / timedelta(milliseconds=1))
+_STALE_ARG = b"%d" % _STALE_MS  # bytes: redis-py sends them as they are, no encoding per call
 _BATCH = 500
 #: Most leases one refresh script carries.
 REFRESH_CHUNK = 500
@@ -129,18 +130,21 @@ class RedisBackend(BaseBackend):
         return self._client
 
     def _run(self, name: str, key: str | bytes, *args: Any, client: Any = None) -> Any:
+        if client is not None:  # a pipeline, which loads missing scripts before sending
+            return self._scripts[name](keys=[key], args=args, client=client)
+        return self._send(name, 1, key, *args)
+
+    def _send(self, name: str, numkeys: int, *keys_and_args: Any) -> Any:
+        """EVALSHA sent directly: what ``Script.__call__`` sends, minus its per-call work."""
         connection = self._conn()
         script = self._scripts[name]
-        if client is not None:  # a pipeline, which loads missing scripts before sending
-            return script(keys=[key], args=args, client=client)
         from redis.exceptions import NoScriptError  # loaded by _conn: a dict lookup
 
-        # EVALSHA sent directly: what Script.__call__ sends, minus its per-call work.
         try:
-            return connection.evalsha(script.sha, 1, key, *args)
+            return connection.evalsha(script.sha, numkeys, *keys_and_args)
         except NoScriptError:  # a restart or SCRIPT FLUSH emptied the server's cache
             script.sha = connection.script_load(script.script)
-            return connection.evalsha(script.sha, 1, key, *args)
+            return connection.evalsha(script.sha, numkeys, *keys_and_args)
 
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         """``SET NX PX`` by the server clock; also takes over a key abandoned for 24 h.
@@ -148,7 +152,7 @@ class RedisBackend(BaseBackend):
         The first lease lasts ``min(ttl, max_lifetime)``, so even it respects the cap.
         """
         lease_ms = _ms(min(ttl, max_lifetime))
-        return bool(self._run("acquire", storage_key(key), token, lease_ms, _STALE_MS))
+        return bool(self._run("acquire", storage_key(key), token, lease_ms, _STALE_ARG))
 
     def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         """Set the TTL to ``min(ttl, acquired + max_lifetime - now)``; untouched if that is <= 0.
@@ -191,12 +195,9 @@ class RedisBackend(BaseBackend):
         more ``SET``), which the same release sent again finds. A key gone
         without it (expired, force-released, evicted) is ``LOST``.
         """
-        hold_ms = 0 if min_hold is None else _ms(min_hold)
-        self._conn()
-        reply = self._scripts["release"](
-            keys=[storage_key(key), f"{RELEASED_PREFIX}{key}@{token}"],
-            args=[token, hold_ms, RELEASED_MS],
-        )
+        hold = 0 if min_hold is None else _ms(min_hold)
+        tombstone = f"{RELEASED_PREFIX}{key}@{token}"
+        reply = self._send("release", 2, storage_key(key), tombstone, token, hold, RELEASED_MS)
         return {1: Released.RELEASED, 2: Released.GONE}.get(int(reply), Released.LOST)
 
     def fence(self, key: str, token: str) -> int | None:
