@@ -1,0 +1,119 @@
+"""A private Redis Cluster for the tests: 3 masters and 3 replicas on free loopback ports.
+
+Started once per test run (the ``redis_cluster`` session fixture in
+``conftest.py``), from the Debian ``redis-server`` and ``redis-cli``, every
+file in a temporary directory; stopped and removed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.servers import require_binary, wait_for_port
+
+MASTERS = 3
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_node_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too, both below 65536."""
+    while True:
+        port = random.randrange(20000, 40000)
+        if _bindable(port) and _bindable(port + 10000):
+            return port
+
+
+class PrivateCluster:
+    """Six ``redis-server --cluster-enabled yes``, joined by ``redis-cli --cluster create``."""
+
+    def __init__(self) -> None:
+        self.server = require_binary(shutil.which("redis-server"), "redis-server")
+        self.cli = require_binary(shutil.which("redis-cli"), "redis-cli")
+        self.dir = Path(tempfile.mkdtemp(prefix="tasklock-cluster-"))
+        self.ports = [_free_node_port() for _ in range(2 * MASTERS)]
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports[:2])
+
+    def start_node(self, port: int) -> None:
+        node_dir = self.dir / str(port)
+        node_dir.mkdir(exist_ok=True)
+        with open(node_dir / "log", "ab") as log:
+            self.processes[port] = subprocess.Popen(
+                [self.server, "--port", str(port), "--bind", "127.0.0.1",
+                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                 "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
+                 "--dir", str(node_dir)],
+                stdout=log, stderr=log,
+            )  # fmt: skip
+        wait_for_port(port)
+
+    def start(self) -> None:
+        for port in self.ports:
+            self.start_node(port)
+        nodes = [f"127.0.0.1:{port}" for port in self.ports]
+        subprocess.run(
+            [self.cli, "--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.wait_until_ok()
+
+    def node(self, port: int) -> Any:
+        import redis
+
+        return redis.Redis(port=port, socket_timeout=10)
+
+    def wait_until_ok(self, timeout: float = 60) -> None:
+        """Until every node says ``cluster_state:ok`` and every master has its replica."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                infos = [self.node(port).cluster("info") for port in self.processes]
+                states = {info["cluster_state"] for info in infos}
+                replicas = sum(
+                    role == b"slave" or role == "slave"
+                    for role in (self.node(p).role()[0] for p in self.processes)
+                )
+                if states == {"ok"} and replicas == MASTERS:
+                    return
+            except Exception:  # a node still starting
+                pass
+            if time.monotonic() > end:
+                raise TimeoutError(f"the cluster in {self.dir} is not ok after {timeout} s")
+            time.sleep(0.2)
+
+    def client(self) -> Any:
+        from redis.cluster import ClusterNode, RedisCluster
+
+        nodes = [ClusterNode("127.0.0.1", p) for p in self.ports]  # type: ignore[no-untyped-call]
+        return RedisCluster(startup_nodes=nodes)
+
+    def masters(self) -> list[int]:
+        return [p for p in self.processes if self.node(p).role()[0] in (b"master", "master")]
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            process.kill()
+        for process in self.processes.values():
+            process.wait(10)
+        self.processes.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
