@@ -13,9 +13,12 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from django_tasklock.testing import BackendRecipe, ContractBackend
 from tests.servers import require_binary, wait_for_port
 
 MASTERS = 3
@@ -117,3 +120,40 @@ class PrivateCluster:
             process.wait(10)
         self.processes.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def cluster_contract_backend(cluster: PrivateCluster, namespace: str) -> Iterator[ContractBackend]:
+    """The Redis backend on ``cluster`` through a ``redis+cluster://`` URL, for the contract."""
+    from django_tasklock.backends.redis import RedisBackend
+    from django_tasklock.backends.redis.scripts import RELEASED_PREFIX
+    from tests.conftest import skewed_worker
+
+    client = cluster.client()
+
+    def plant(stored: str, value: str, created_ago: timedelta, expires_in: timedelta) -> None:
+        seconds, micros = client.get_node_from_key(stored).redis_connection.time()
+        acquired_ms = seconds * 1000 + micros // 1000 - int(created_ago.total_seconds() * 1000)
+        client.set(stored, f"{value}@{acquired_ms}", px=int(expires_in.total_seconds() * 1000))
+
+    def written() -> set[str]:
+        return {k.decode() for k in client.scan_iter(match=f"*{namespace}*")}
+
+    recipe = BackendRecipe(
+        backend="django_tasklock.backends.redis.RedisBackend",
+        kwargs={"url": cluster.url},
+        settings={"INSTALLED_APPS": ["django_tasklock"]},
+    )
+    yield ContractBackend(
+        name="redis-cluster",
+        backend=RedisBackend(url=cluster.url),
+        recipe=recipe,
+        plant=plant,
+        put_foreign=lambda stored: client.set(stored, "not a lock"),
+        # A release's tombstone is no lease: it outlives the lease by design.
+        stored_keys=lambda: {k for k in written() if not k.startswith(RELEASED_PREFIX)},
+        unreachable=lambda: RedisBackend(url="redis+cluster://127.0.0.1:1"),
+        skew_worker_clock=skewed_worker(recipe),
+    )
+    for stored in written():
+        client.delete(stored)
+    client.close()
