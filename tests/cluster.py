@@ -50,6 +50,7 @@ class PrivateCluster:
         self.dir = Path(tempfile.mkdtemp(prefix="tasklock-cluster-"))
         self.ports = [_free_node_port() for _ in range(2 * MASTERS)]
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        self._nodes: dict[int, Any] = {}
 
     @property
     def url(self) -> str:
@@ -81,9 +82,12 @@ class PrivateCluster:
         self.wait_until_ok()
 
     def node(self, port: int) -> Any:
+        """A plain client of the node on ``port`` (one per node, closed by :meth:`stop`)."""
         import redis
 
-        return redis.Redis(port=port, socket_timeout=10)
+        if port not in self._nodes:
+            self._nodes[port] = redis.Redis(port=port, socket_timeout=10)
+        return self._nodes[port]
 
     def wait_until_ok(self, timeout: float = 60) -> None:
         """Until every node says ``cluster_state:ok`` and every master has its replica."""
@@ -114,6 +118,8 @@ class PrivateCluster:
         return [p for p in self.processes if self.node(p).role()[0] in (b"master", "master")]
 
     def stop(self) -> None:
+        for client in self._nodes.values():
+            client.close()
         for process in self.processes.values():
             process.kill()
         for process in self.processes.values():
