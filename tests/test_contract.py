@@ -17,6 +17,7 @@ class TestContract(BackendContract):
         return any_backend
 
 
+@pytest.mark.slow  # some 45 s: tox's quick runs leave it to the full run
 class TestContractOnRedisCluster(BackendContract):
     """The same contract on a private Redis Cluster of 3 masters and 3 replicas."""
 
