@@ -146,3 +146,31 @@ def test_a_slot_migrated_under_held_locks_keeps_each_lease_or_says_it_was_lost(
         raw.delete(*(storage_key(name) for name in names))
         raw.close()
         backend._conn().close()
+
+
+def test_a_pipelined_refresh_after_a_slot_moved_follows_it(
+    redis_cluster: PrivateCluster, key: str
+) -> None:
+    """The backend's client still maps the slot to its old master: MOVED, then sent again."""
+    from datetime import timedelta
+
+    from django_tasklock.backends.base import Refresh
+    from django_tasklock.service import new_token
+
+    names = [f"{{{key}}}:{i}" for i in range(5)] + [f"{key}:other:{i}" for i in range(20)]
+    backend = RedisBackend(url=redis_cluster.url)
+    token = new_token()
+    long, life = timedelta(minutes=5), timedelta(hours=1)
+    assert all(backend.acquire(name, token, ttl=long, max_lifetime=life) for name in names)
+    raw = redis_cluster.client()
+    slot = key_slot(storage_key(names[0]))
+    try:
+        migrate_slot(redis_cluster, raw, slot)
+        items = [Refresh(name, token, long, life) for name in names]
+        assert backend.refresh_many(items) == [True] * len(names)  # one call per slot: pipelined
+        assert {lock.key for lock in backend.list()} >= set(names)
+        assert all(backend.release(name, token) for name in names)
+    finally:
+        raw.delete(*(storage_key(name) for name in names))
+        raw.close()
+        backend._conn().close()
