@@ -62,7 +62,7 @@ def _evalsha_calls(nodes: list[Any]) -> int:
 
 
 def measure(url: str, nodes: list[Any], leases: int, window: float) -> dict[str, Any]:
-    from django_tasklock.backends.base import Holder, storage_key
+    from django_tasklock.backends.base import Holder
     from django_tasklock.backends.redis import RedisBackend
     from django_tasklock.heartbeat import heartbeat
     from django_tasklock.lease import Lease, clock
@@ -77,9 +77,8 @@ def measure(url: str, nodes: list[Any], leases: int, window: float) -> dict[str,
         for n in range(leases)
     }
     asked_at = clock()
-    backend._calls().run_many(
-        [("acquire", [storage_key(k)], [t, 30_000, 86_400_000]) for k, t in tokens.items()]
-    )
+    for k, t in tokens.items():
+        assert backend.acquire(k, t, ttl=options.ttl, max_lifetime=options.max_lifetime)
     held = [
         Lease(backend, k, t, Holder.from_token(t), options, asked_at=asked_at)
         for k, t in tokens.items()
