@@ -204,3 +204,20 @@ def test_the_admin_page_lists_the_locks_of_every_master(
         html = client.get(LIST_URL, {"q": key}).content.decode()
     assert all(f"<code>{name}</code>" in html for name in names)
     raw.delete(*(storage_key(name) for name in names))
+
+
+def test_a_cluster_url_makes_a_client_that_does_not_retry_and_takes_its_options(
+    redis_cluster: PrivateCluster,
+) -> None:
+    from django_tasklock.backends.redis.urls import client_from_url
+
+    client: Any = client_from_url(redis_cluster.url + "?socket_timeout=2&client_name=tl-c")
+    try:
+        assert client.retry.get_retries() == 0
+        for node in client.get_primaries():
+            connection = client.get_redis_connection(node)
+            assert connection.connection_pool.connection_kwargs["socket_timeout"] == 2.0
+            assert connection.get_retry().get_retries() == 0
+            assert connection.client_getname() == "tl-c"
+    finally:
+        client.close()
