@@ -64,6 +64,7 @@ class PrivateCluster:
                 [self.server, "--port", str(port), "--bind", "127.0.0.1",
                  "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                  "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
+                 "--repl-diskless-sync-delay", "0",
                  "--dir", str(node_dir)],
                 stdout=log, stderr=log,
             )  # fmt: skip
@@ -90,17 +91,29 @@ class PrivateCluster:
         return self._nodes[port]
 
     def wait_until_ok(self, timeout: float = 60) -> None:
-        """Until every node says ``cluster_state:ok`` and every master has its replica."""
+        """Until every node says ``cluster_state:ok``, every master has a replica in sync,
+        and every node knows the others."""
         end = time.monotonic() + timeout
         while True:
             try:
                 infos = [self.node(port).cluster("info") for port in self.processes]
                 states = {info["cluster_state"] for info in infos}
                 replicas = sum(
-                    role == b"slave" or role == "slave"
-                    for role in (self.node(p).role()[0] for p in self.processes)
+                    self.node(p).info("replication").get("master_link_status") == "up"
+                    for p in self.processes
                 )
-                if states == {"ok"} and replicas == MASTERS:
+                # Every node knows every other, connected, and which are replicas of whom
+                # (a manual failover asks the master over the cluster bus).
+                views = [self.node(p).cluster("nodes") for p in self.processes]
+                agreed = all(
+                    len(view) == len(self.processes)
+                    and all(
+                        node["connected"] or "myself" in node["flags"] for node in view.values()
+                    )
+                    and sum("slave" in node["flags"] for node in view.values()) == MASTERS
+                    for view in views
+                )
+                if states == {"ok"} and replicas == MASTERS and agreed:
                     return
             except Exception:  # a node still starting
                 pass
@@ -113,6 +126,14 @@ class PrivateCluster:
 
         nodes = [ClusterNode("127.0.0.1", p) for p in self.ports]  # type: ignore[no-untyped-call]
         return RedisCluster(startup_nodes=nodes)
+
+    def slots_of(self, port: int) -> set[int]:
+        """The slots the master on ``port`` serves, as it says itself."""
+        owned: set[int] = set()
+        for start, end, *nodes in self.node(port).execute_command("CLUSTER SLOTS"):
+            if int(nodes[0][1]) == port:
+                owned.update(range(int(start), int(end) + 1))
+        return owned
 
     def masters(self) -> list[int]:
         return [p for p in self.processes if self.node(p).role()[0] in (b"master", "master")]

@@ -34,7 +34,7 @@ HOLDERS = 20
 def migrate_slot(cluster: PrivateCluster, raw: Any, slot: int, batch: int = 4) -> tuple[int, int]:
     """Move ``slot`` to another master, ``batch`` keys at a time with pauses; (from, to) ports."""
     masters = cluster.masters()
-    source = next(p for p in masters if slot in _slots_of(cluster, p))
+    source = next(p for p in masters if slot in cluster.slots_of(p))
     target = next(p for p in masters if p != source)
     src, dst = cluster.node(source), cluster.node(target)
     src_id, dst_id = src.execute_command("CLUSTER MYID"), dst.execute_command("CLUSTER MYID")
@@ -46,14 +46,6 @@ def migrate_slot(cluster: PrivateCluster, raw: Any, slot: int, batch: int = 4) -
     for port in masters:
         cluster.node(port).execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
     return source, target
-
-
-def _slots_of(cluster: PrivateCluster, port: int) -> set[int]:
-    owned: set[int] = set()
-    for start, end, *nodes in cluster.node(port).execute_command("CLUSTER SLOTS"):
-        if int(nodes[0][1]) == port:
-            owned.update(range(int(start), int(end) + 1))
-    return owned
 
 
 def test_a_slot_migrated_under_held_locks_keeps_each_lease_or_says_it_was_lost(
@@ -136,7 +128,7 @@ def test_a_slot_migrated_under_held_locks_keeps_each_lease_or_says_it_was_lost(
     try:
         assert errors == []
         assert sorted(kept + told_lost) == sorted(names)
-        assert slot in _slots_of(redis_cluster, target)
+        assert slot in redis_cluster.slots_of(target)
         assert redis_cluster.node(source).execute_command("CLUSTER COUNTKEYSINSLOT", slot) == 0
         for name in names:
             assert overlaps(intervals[name]) == [], name
