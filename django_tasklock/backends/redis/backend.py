@@ -39,7 +39,7 @@ from django_tasklock.backends.redis.calls import Call, Scripts
 from django_tasklock.backends.redis.checks import check_redis
 from django_tasklock.backends.redis.connections import connect
 from django_tasklock.backends.redis.scripts import RELEASED_MS, fence_key, tombstone_key
-from django_tasklock.backends.redis.slots import by_slot
+from django_tasklock.backends.redis.slots import by_slot, tag_for
 from django_tasklock.backends.redis.urls import RedisURLError, parse_url
 
 if TYPE_CHECKING:
@@ -123,6 +123,7 @@ class RedisBackend(BaseBackend):
                     if self._client is None:
                         self._client = connect(self._url, self._cache_alias)
                     self._scripts = Scripts(self._client)
+                    tag_for(KEY_PREFIX)  # the slot table, built now rather than in a release
                 scripts = self._scripts
         return scripts
 

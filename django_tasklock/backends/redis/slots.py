@@ -48,8 +48,13 @@ def _crc16(data: bytes) -> int:
     return crc
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def key_slot(key: str | bytes) -> int:
-    """The hash slot of ``key``, as Redis Cluster computes it (its hash tag, if it has one)."""
+    """The hash slot of ``key``, as Redis Cluster computes it (its hash tag, if it has one).
+
+    Remembered for the last 65,536 keys: the heartbeat asks again for every
+    lease at every tick.
+    """
     data = key.encode() if isinstance(key, str) else key
     start = data.find(b"{")
     if start >= 0:
