@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import string
+import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
@@ -221,3 +222,60 @@ def test_a_cluster_url_makes_a_client_that_does_not_retry_and_takes_its_options(
             assert connection.client_getname() == "tl-c"
     finally:
         client.close()
+
+
+def test_the_heartbeat_holding_ten_thousand_leases_sends_one_script_per_slot_per_tick(
+    redis_cluster: PrivateCluster, backend: RedisBackend, raw: Any, key: str
+) -> None:
+    """Through the process's heartbeat: each tick's scripts, counted by the masters."""
+    from django_tasklock.backends.base import Holder
+    from django_tasklock.heartbeat import heartbeat
+    from django_tasklock.lease import Lease, clock
+    from django_tasklock.options import LockOptions
+
+    names = [f"{key}:{i}" for i in range(10_000)]
+    tokens = [new_token() for _ in names]
+    options = LockOptions.resolve(ttl=30, refresh_interval=1)
+    asked_at = clock()
+    assert backend._calls().run_many(
+        [
+            ("acquire", [storage_key(n)], [t, 30_000, 86_400_000])
+            for n, t in zip(names, tokens, strict=True)
+        ]
+    ) == [1] * len(names)
+    ticks: list[tuple[int, int]] = []  # of most leases: (scripts the masters ran, expected)
+    original = backend.refresh_many
+
+    def counted(items: Any) -> list[bool]:
+        before = _evalsha_calls(redis_cluster)
+        answers = original(items)
+        per_slot = Counter(slot(storage_key(item.key)) for item in items)
+        if len(items) > len(names) // 2:  # not a tick while the leases were being added
+            ticks.append(
+                (
+                    _evalsha_calls(redis_cluster) - before,
+                    sum(-(-n // 500) for n in per_slot.values()),
+                )
+            )
+        return answers
+
+    backend.refresh_many = counted  # type: ignore[method-assign]
+    leases = [
+        Lease(backend, n, t, Holder.from_token(t), options, asked_at=asked_at)
+        for n, t in zip(names, tokens, strict=True)
+    ]
+    for lease in leases:
+        heartbeat().add(lease)
+    try:
+        end = time.monotonic() + 60
+        while len(ticks) < 2:
+            assert time.monotonic() < end, "the heartbeat did not tick twice in 60 s"
+            time.sleep(0.1)
+    finally:
+        for lease in leases:
+            heartbeat().remove(lease)
+    assert [sent for sent, _ in ticks[:2]] == [expected for _, expected in ticks[:2]]
+    assert 3_000 < ticks[0][0] < 10_000  # one script per slot, not per 500 leases (20)
+    assert not any(lease.lost for lease in leases)
+    for start in range(0, len(names), 500):
+        raw.delete(*(storage_key(n) for n in names[start : start + 500]))
