@@ -279,3 +279,13 @@ def test_the_heartbeat_holding_ten_thousand_leases_sends_one_script_per_slot_per
     assert not any(lease.lost for lease in leases)
     for start in range(0, len(names), 500):
         raw.delete(*(storage_key(n) for n in names[start : start + 500]))
+
+
+def test_a_pipelined_call_that_fails_otherwise_raises_and_is_not_sent_again(
+    backend: RedisBackend, key: str
+) -> None:
+    from redis.exceptions import ResponseError
+
+    calls = [("acquire", [storage_key(f"{key}:{i}")], ["token", "soon", 1000]) for i in range(9)]
+    with pytest.raises(ResponseError, match="not an integer"):  # SET ... PX soon
+        backend._calls().run_many(calls)
