@@ -66,6 +66,17 @@ def test_companion_keys_hash_to_the_lease_slot_for_any_key() -> None:
     }
 
 
+def test_the_tags_never_change_every_worker_names_a_counter_alike() -> None:
+    """The slot table is part of the stored format (a fence counter's name)."""
+    assert tag_for("task-lock:reports") == "{7nR}"
+    assert fence_key("a{b}c") == "tasklock-fence:{b}a{b}c"
+    assert (
+        tombstone_key("}{", "tok")
+        == "tasklock-released:{" + tag_for("task-lock:}{")[1:-1] + "}}{@tok"
+    )
+    assert [tag_for("{" + tag + "}") for tag in ("06S", "Qi", "6ZJ")] == ["{06S}", "{Qi}", "{6ZJ}"]
+
+
 @pytest.mark.parametrize("suffix", BRACES)
 def test_a_key_with_braces_acquires_fences_and_releases_on_the_cluster(
     backend: RedisBackend, raw: Any, key: str, suffix: str

@@ -12,7 +12,8 @@ caller's key: the first ``{`` and the first ``}`` of the name are the tag's
 own, so nothing in the caller's key can move it.
 
 The same names are used on a single Redis, where slots mean nothing: one
-code path for both.
+code path for both. The table is part of the stored format: every worker
+must name a lock's counter alike, so it never changes between versions.
 """
 
 from __future__ import annotations
