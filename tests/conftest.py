@@ -189,6 +189,27 @@ def any_backend(request: pytest.FixtureRequest, key: str) -> Iterator[ContractBa
         yield memory_backend()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Any]:
+    """A private Redis Cluster (3 masters, 3 replicas) for the whole run (tests/cluster.py)."""
+    from tests.cluster import PrivateCluster
+
+    cluster = PrivateCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def cluster_backend(redis_cluster: Any, key: str) -> Iterator[ContractBackend]:
+    """The Redis backend on the private cluster, by a ``redis+cluster://`` URL."""
+    from tests.cluster import cluster_contract_backend
+
+    yield from cluster_contract_backend(redis_cluster, key)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _pgbouncer_lets_go(django_db_setup: None) -> Iterator[None]:
     """Stop PgBouncer before the test databases are dropped: it holds connections to them."""

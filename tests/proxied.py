@@ -77,11 +77,10 @@ def proxied_backend(name: str, proxy: FaultProxy) -> Iterator[BaseBackend]:
 def statement_of(name: str, backend: BaseBackend, script: str, sql: bytes) -> bytes:
     """What identifies a request on the wire: a script's SHA (Redis), else SQL text."""
     if name == "redis":
-        client = backend._conn()  # type: ignore[attr-defined]  # registers the scripts
+        scripts = backend._calls()  # type: ignore[attr-defined]
         # Loaded now, so that the request matched is the script's run, not a NOSCRIPT.
-        for each in backend._scripts.values():  # type: ignore[attr-defined]
-            client.script_load(each.script)
-        sha: str = backend._scripts[script].sha  # type: ignore[attr-defined]
+        scripts.load()
+        sha: str = scripts.shas[script]
         return sha.encode()
     return sql
 

@@ -1,4 +1,5 @@
-"""The contract suite (django_tasklock.testing) on SQLite, PostgreSQL, MariaDB, Redis, memory."""
+"""The contract suite (django_tasklock.testing) on SQLite, PostgreSQL, MariaDB, Redis,
+Redis Cluster and memory."""
 
 from __future__ import annotations
 
@@ -14,6 +15,15 @@ class TestContract(BackendContract):
     @pytest.fixture
     def contract_backend(self, any_backend: ContractBackend) -> ContractBackend:
         return any_backend
+
+
+@pytest.mark.slow  # some 45 s: tox's quick runs leave it to the full run
+class TestContractOnRedisCluster(BackendContract):
+    """The same contract on a private Redis Cluster of 3 masters and 3 replicas."""
+
+    @pytest.fixture
+    def contract_backend(self, cluster_backend: ContractBackend) -> ContractBackend:
+        return cluster_backend
 
 
 class NoFences(MemoryBackend):

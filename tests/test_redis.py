@@ -24,7 +24,7 @@ import django_tasklock
 from django_tasklock.backends import get_backend, reset_backend
 from django_tasklock.backends.base import KEY_PREFIX, Released, storage_key
 from django_tasklock.backends.redis import RedisBackend
-from django_tasklock.backends.redis.scripts import RELEASED_PREFIX
+from django_tasklock.backends.redis.scripts import RELEASED_PREFIX, tombstone_key
 from django_tasklock.checks import check_tasklock_settings
 from django_tasklock.service import TaskLockService, new_token
 from django_tasklock.testing.support import wait_until
@@ -74,7 +74,7 @@ def test_release_leaves_only_a_short_lived_tombstone_of_its_own_token(
     token = new_token()
     assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
     assert backend.release_outcome(key, token) is Released.RELEASED
-    tombstone = f"{RELEASED_PREFIX}{key}@{token}"
+    tombstone = tombstone_key(key, token)
     assert {k.decode() for k in raw.scan_iter(match=f"*{key}*")} == {tombstone}
     assert 0 < raw.pttl(tombstone) <= 60_000
     # Sent again (its reply lost): this release ended it, not a loss.

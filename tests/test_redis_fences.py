@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from django_tasklock.backends.redis import RedisBackend
-from django_tasklock.backends.redis.scripts import FENCE_PREFIX
+from django_tasklock.backends.redis.scripts import fence_key
 from django_tasklock.lease import new_token
 from tests.servers import PrivateRedis, private_redis
 
@@ -62,7 +62,7 @@ def test_fences_keep_growing_across_a_flush_of_the_lock_database(
     fences = [_granted_fence(backend, key) for _ in range(5)]
     client.flushdb()
     fences += [_granted_fence(backend, key)]
-    client.delete(FENCE_PREFIX + key)  # the counter alone, as an eviction would
+    client.delete(fence_key(key))  # the counter alone, as an eviction would
     fences += [_granted_fence(backend, key) for _ in range(3)]
     assert _strictly_increasing(fences), fences
 

@@ -57,6 +57,13 @@ BAD_URLS = [
     "redis+sentinel://127.0.0.1:26379,127.0.0.1:١٢/mymaster",
     "redis+sentinel://127.0.0.1:26379/mymaster/0?nosuch=1",
     "redis+sentinel://127.0.0.1:26379/mymaster/0?socket_timeout=x",
+    "redis+cluster://",
+    "redis+cluster://127.0.0.1",
+    "redis+cluster://127.0.0.1:7000,127.0.0.1",
+    "redis+cluster://127.0.0.1:7000/0",
+    "redis+cluster://127.0.0.1:7000?db=1",
+    "redis+cluster://127.0.0.1:70000",
+    "redis+cluster://127.0.0.1:7000?nosuch=1",
 ]
 
 
@@ -73,7 +80,7 @@ def test_a_bad_url_is_e009_with_a_hint_naming_the_schemes(url: str) -> None:
         messages = check_tasklock_settings()
     assert [message.id for message in messages] == ["django_tasklock.E009"]
     assert messages[0].msg.startswith("TASKLOCK_REDIS_URL: ")
-    for scheme in ("redis://", "rediss://", "unix://", "redis+sentinel://"):
+    for scheme in ("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://"):
         assert scheme in str(messages[0].hint)
 
 
@@ -143,6 +150,16 @@ def test_the_message_never_shows_the_password() -> None:
                 options={"ssl": True},
             ),
         ),
+        (
+            "redis+cluster://u:p@n1:7000,[::1]:7001?socket_timeout=2",
+            RedisURL(
+                "redis+cluster",
+                (("n1", 7000), ("::1", 7001)),
+                username="u",
+                password="p",
+                options={"socket_timeout": 2.0},
+            ),
+        ),
     ],
 )
 def test_good_urls_read_as_written(url: str, expected: RedisURL) -> None:
@@ -154,12 +171,12 @@ def _kwargs(client: Any) -> dict[str, Any]:
 
 
 def test_query_options_reach_the_client() -> None:
-    client = client_from_url("redis://u:p@127.0.0.1:1/3?socket_timeout=1&client_name=tl")
+    client: Any = client_from_url("redis://u:p@127.0.0.1:1/3?socket_timeout=1&client_name=tl")
     kwargs = _kwargs(client)
     assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (1.0, 10)
     assert (kwargs["db"], kwargs["username"], kwargs["password"]) == (3, "u", "p")
     assert kwargs["client_name"] == "tl"
-    tls = client_from_url("rediss://127.0.0.1:1/0")
+    tls: Any = client_from_url("rediss://127.0.0.1:1/0")
     assert tls.connection_pool.connection_class.__name__ == "SSLConnection"
 
 
@@ -188,7 +205,7 @@ def _retries(client: Any) -> int:
 )
 def test_clients_made_from_a_url_do_not_retry(url: str) -> None:
     """As ``redis.Redis.from_url`` made them: a call lasts one socket timeout at most."""
-    client = client_from_url(url)
+    client: Any = client_from_url(url)
     assert _retries(client) == 0
     manager = getattr(client.connection_pool, "sentinel_manager", None)
     for sentinel in manager.sentinels if manager is not None else ():

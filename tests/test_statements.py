@@ -147,7 +147,9 @@ def test_the_heartbeat_sends_due_leases_in_one_call_per_backend() -> None:
 @pytest.fixture
 def monitored() -> Iterator[tuple[RedisBackend, Callable[[Callable[[], object]], list[str]]]]:
     require_service("redis")
-    client = redis.Redis.from_url(str(settings.REDIS_URL), single_connection_client=True)
+    # One connection, which pipelines use too: every command comes from one address.
+    pool = redis.BlockingConnectionPool.from_url(str(settings.REDIS_URL), max_connections=1)
+    client = redis.Redis(connection_pool=pool)
     watcher = redis.Redis.from_url(str(settings.REDIS_URL))
 
     def commands(work: Callable[[], object]) -> list[str]:

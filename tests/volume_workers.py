@@ -110,3 +110,58 @@ def overlaps(intervals: list[Interval]) -> list[tuple[Interval, Interval]]:
         if interval[1] > latest_end:
             latest_end, latest = interval[1], interval
     return found
+
+
+def race_cluster(
+    url: str,
+    keys: list[str],
+    attempts: int,
+    barrier: Barrier,
+    results: Queue[dict[str, Any]],
+) -> None:
+    """``attempts`` acquisitions on a Redis Cluster, of ``keys`` in turn from a random start.
+
+    Each interval is timed by the clock of the master holding that key's
+    lease (``TIME``); ``held`` maps each key to its intervals.
+    """
+    report: dict[str, Any] = {"pid": os.getpid(), "held": {}, "refused": 0, "errors": []}
+    try:
+        import random
+
+        import django
+        from django.conf import settings
+
+        from django_tasklock.backends.base import storage_key
+        from django_tasklock.backends.redis import RedisBackend
+        from django_tasklock.backends.redis.urls import client_from_url
+        from django_tasklock.service import TaskLockService
+
+        if not settings.configured:
+            settings.configure(USE_TZ=True, INSTALLED_APPS=["django_tasklock"])
+            django.setup()
+        service = TaskLockService(RedisBackend(url=url))
+        client: Any = client_from_url(url)
+        nodes = {key: client.get_node_from_key(storage_key(key)).redis_connection for key in keys}
+        held: dict[str, list[Interval]] = report["held"]
+
+        def clock(key: str) -> float:
+            seconds, micros = nodes[key].time()
+            return float(seconds + micros / 1e6)
+
+        start = random.randrange(len(keys))
+        barrier.wait()
+        for attempt in range(attempts):
+            key = keys[(start + attempt) % len(keys)]
+
+            def work(key: str = key) -> None:
+                entry = clock(key)
+                held.setdefault(key, []).append((entry, clock(key)))
+
+            try:
+                if not service.run_exclusive(key, work, ttl=30).acquired:
+                    report["refused"] += 1
+            except Exception as exc:  # every error is reported, none hidden as "held"
+                report["errors"].append(f"{type(exc).__name__}: {exc}")
+    except BaseException:
+        report["errors"].append(traceback.format_exc())
+    results.put(report)

@@ -35,15 +35,11 @@ from django_tasklock.backends.base import (
     storage_key,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
+from django_tasklock.backends.redis.calls import Call, Scripts
 from django_tasklock.backends.redis.checks import check_redis
 from django_tasklock.backends.redis.connections import connect
-from django_tasklock.backends.redis.scripts import (
-    FENCE_PREFIX,
-    PRELUDE,
-    RELEASED_MS,
-    RELEASED_PREFIX,
-    SCRIPTS,
-)
+from django_tasklock.backends.redis.scripts import RELEASED_MS, fence_key, tombstone_key
+from django_tasklock.backends.redis.slots import by_slot, tag_for
 from django_tasklock.backends.redis.urls import RedisURLError, parse_url
 
 if TYPE_CHECKING:
@@ -51,7 +47,7 @@ if TYPE_CHECKING:
     # the [redis] extra this module still imports, so that ``manage.py check``
     # can say what is missing (E002) instead of "could not be imported".
     import redis
-    from redis.commands.core import Script
+    from redis.cluster import RedisCluster
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _STALE_MS = int(STALE_AFTER / timedelta(milliseconds=1))
@@ -72,16 +68,17 @@ def _text(value: bytes | str) -> str:
 class RedisBackend(BaseBackend):
     """Leases in Redis, judged by the Redis server's clock.
 
-    Give exactly one source: a ``redis.Redis`` ``client``, a ``url``, or the
-    ``cache_alias`` of a django-redis cache. The connection is made on first
-    use, never at construction or import. Connection errors propagate. A
-    ``url`` that does not read is a ``ValueError`` naming ``url`` here (from
-    the settings: ``ImproperlyConfigured`` naming ``TASKLOCK_REDIS_URL``).
+    Give exactly one source: a ``redis.Redis`` or ``redis.cluster.RedisCluster``
+    ``client``, a ``url``, or the ``cache_alias`` of a django-redis cache. The
+    connection is made on first use, never at construction or import.
+    Connection errors propagate. A ``url`` that does not read is a
+    ``ValueError`` naming ``url`` here (from the settings:
+    ``ImproperlyConfigured`` naming ``TASKLOCK_REDIS_URL``).
     """
 
     def __init__(
         self,
-        client: redis.Redis | None = None,
+        client: redis.Redis | RedisCluster | None = None,
         *,
         url: str | None = None,
         cache_alias: str | None = None,
@@ -96,7 +93,7 @@ class RedisBackend(BaseBackend):
         self._client = client
         self._url = url
         self._cache_alias = cache_alias
-        self._scripts: dict[str, Script] = {}
+        self._scripts: Scripts | None = None
         self._init_lock = ForkSafeLock()
 
     @classmethod
@@ -114,37 +111,25 @@ class RedisBackend(BaseBackend):
         """E002: redis-py (or, without a URL, django-redis) is missing; E003-E004: the cache."""
         return check_redis()
 
-    def _conn(self) -> redis.Redis:
-        """The connection, made and the scripts registered on first use, once across threads."""
-        if not self._scripts:
+    def _conn(self) -> redis.Redis | RedisCluster:
+        """The connection, made on first use, once across threads."""
+        return self._calls().client  # type: ignore[no-any-return]
+
+    def _calls(self) -> Scripts:
+        """The scripts on the connection."""
+        scripts = self._scripts
+        if scripts is None:
             with self._init_lock:
-                if not self._scripts:
+                if self._scripts is None:
                     if self._client is None:
                         self._client = connect(self._url, self._cache_alias)
-                    # register_script calls EVALSHA and reloads the script on NOSCRIPT.
-                    self._scripts = {
-                        name: self._client.register_script(PRELUDE + body)
-                        for name, body in SCRIPTS.items()
-                    }
-        assert self._client is not None
-        return self._client
+                    self._scripts = Scripts(self._client)
+                    tag_for(KEY_PREFIX)  # the slot table, built now rather than in a release
+                scripts = self._scripts
+        return scripts
 
-    def _run(self, name: str, key: str | bytes, *args: Any, client: Any = None) -> Any:
-        if client is not None:  # a pipeline, which loads missing scripts before sending
-            return self._scripts[name](keys=[key], args=args, client=client)
-        return self._send(name, 1, key, *args)
-
-    def _send(self, name: str, numkeys: int, *keys_and_args: Any) -> Any:
-        """EVALSHA sent directly: what ``Script.__call__`` sends, minus its per-call work."""
-        connection = self._conn()
-        script = self._scripts[name]
-        from redis.exceptions import NoScriptError  # loaded by _conn: a dict lookup
-
-        try:
-            return connection.evalsha(script.sha, numkeys, *keys_and_args)
-        except NoScriptError:  # a restart or SCRIPT FLUSH emptied the server's cache
-            script.sha = connection.script_load(script.script)
-            return connection.evalsha(script.sha, numkeys, *keys_and_args)
+    def _run(self, name: str, key: str | bytes, *args: Any) -> Any:
+        return self._calls().run(name, [key], args)
 
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         """``SET NX PX`` by the server clock; also takes over a key abandoned for 24 h.
@@ -162,22 +147,32 @@ class RedisBackend(BaseBackend):
         return bool(self._run("refresh", storage_key(key), token, _ms(ttl), _ms(max_lifetime)))
 
     def refresh_many(self, items: Sequence[Refresh]) -> list[bool]:
-        """One EVALSHA per chunk of 500 leases, each judged as :meth:`refresh` would.
+        """One EVALSHA per hash slot and chunk of 500 leases, each judged as :meth:`refresh` would.
 
-        A Redis that stops answering fails the call after the connection's
-        socket timeout (10 s for a ``url``; a django-redis cache's own otherwise).
+        A script never carries keys of two slots (Redis Cluster refuses them,
+        and a proxy in front of one could send them to the wrong node), so
+        leases are grouped by their key's slot; the scripts go in one
+        pipeline (one round trip; on a cluster, one per master). A Redis that
+        stops answering fails the call after the connection's socket timeout
+        (10 s for a ``url``; a django-redis cache's own otherwise).
         """
-        answers: list[bool] = []
-        for start in range(0, len(items), REFRESH_CHUNK):
-            chunk = items[start : start + REFRESH_CHUNK]
+        stored = [storage_key(item.key) for item in items]
+        chunks: list[list[int]] = []
+        for group in by_slot(stored, range(len(items))):
+            chunks += (group[i : i + REFRESH_CHUNK] for i in range(0, len(group), REFRESH_CHUNK))
+        calls: list[Call] = []
+        for chunk in chunks:
             args: list[Any] = []
-            for item in chunk:
+            for index in chunk:
+                item = items[index]
                 args += (item.token, _ms(item.ttl), _ms(item.max_lifetime))
-            self._conn()
-            replies = self._scripts["refresh_many"](
-                keys=[storage_key(item.key) for item in chunk], args=args
-            )
-            answers += [bool(reply) for reply in replies]
+            calls.append(("refresh_many", [stored[index] for index in chunk], args))
+        scripts = self._calls()
+        replies = [scripts.run(*calls[0])] if len(calls) == 1 else scripts.run_many(calls)
+        answers = [False] * len(items)
+        for chunk, reply in zip(chunks, replies, strict=True):
+            for index, answer in zip(chunk, reply, strict=True):
+                answers[index] = bool(answer)
         return answers
 
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
@@ -195,22 +190,20 @@ class RedisBackend(BaseBackend):
         more ``SET``), which the same release sent again finds. A key gone
         without it (expired, force-released, evicted) is ``LOST``.
         """
-        hold = 0 if min_hold is None else _ms(min_hold)
-        tombstone = f"{RELEASED_PREFIX}{key}@{token}"
-        reply = self._send("release", 2, storage_key(key), tombstone, token, hold, RELEASED_MS)
+        hold_ms = 0 if min_hold is None else _ms(min_hold)
+        reply = self._calls().run(
+            "release", [storage_key(key), tombstone_key(key, token)], [token, hold_ms, RELEASED_MS]
+        )
         return {1: Released.RELEASED, 2: Released.GONE}.get(int(reply), Released.LOST)
 
     def fence(self, key: str, token: str) -> int | None:
-        """``INCR tasklock-fence:<key>`` in the same script that checks the lease.
+        """``INCR tasklock-fence:{<tag>}<key>`` in the same script that checks the lease.
 
         Never less than the server's clock in microseconds, so that a counter
         lost with a restart, ``FLUSHDB`` or a failover starts again above
         every fence handed out before (unless that clock went back).
         """
-        self._conn()
-        reply = self._scripts["fence"](
-            keys=[storage_key(key), FENCE_PREFIX + key], args=[token, _STALE_MS]
-        )
+        reply = self._calls().run("fence", [storage_key(key), fence_key(key)], [token, _STALE_MS])
         return None if reply is None else int(reply)
 
     def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
@@ -230,29 +223,15 @@ class RedisBackend(BaseBackend):
     def _run_all(self, name: str, *args: Any) -> list[tuple[str, Any]]:
         """Run a script on every key in the namespace: (caller's key, reply) by key."""
         # SCAN may return a key twice; the set keeps counts and listings exact.
-        found = sorted(set(self._conn().scan_iter(match=KEY_PREFIX + "*", count=_BATCH)))
+        # On a cluster, redis-py's scan_iter SCANs every master.
+        scripts = self._calls()
+        found = sorted(set(scripts.client.scan_iter(match=KEY_PREFIX + "*", count=_BATCH)))
         results = []
         for start in range(0, len(found), _BATCH):
             batch = found[start : start + _BATCH]
-            replies = self._pipelined(name, batch, args)
+            replies = scripts.run_many([(name, [stored], args) for stored in batch])
             results += [(caller_key(_text(k)), r) for k, r in zip(batch, replies, strict=True)]
         return results
-
-    def _pipelined(self, name: str, batch: list[Any], args: tuple[Any, ...]) -> list[Any]:
-        # A pipeline loads missing scripts before sending, but a script cache
-        # flushed (a restart, a failover) in between fails it once: retry once.
-        from redis.exceptions import NoScriptError
-
-        for attempt in (1, 2):
-            pipe = self._conn().pipeline(transaction=False)
-            for stored in batch:
-                self._run(name, stored, *args, client=pipe)
-            try:
-                return list(pipe.execute())
-            except NoScriptError:
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod
     def _held(key: str, reply: Any) -> HeldLock | None:

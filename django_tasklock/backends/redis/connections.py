@@ -16,9 +16,10 @@ from django_tasklock.backends.redis.urls import client_from_url
 
 if TYPE_CHECKING:
     import redis
+    from redis.cluster import RedisCluster
 
 
-def connect(url: str | None, cache_alias: str | None) -> redis.Redis:
+def connect(url: str | None, cache_alias: str | None) -> redis.Redis | RedisCluster:
     """A client for ``url`` if given, else the django-redis connection of ``cache_alias``.
 
     ``ImproperlyConfigured`` saying what to install or set when redis-py

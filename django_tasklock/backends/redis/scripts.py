@@ -6,6 +6,9 @@ clock is ever consulted. The stored value is ``"<token>@<acquired_ms>"``.
 
 from __future__ import annotations
 
+from django_tasklock.backends.base import storage_key
+from django_tasklock.backends.redis.slots import tag_for
+
 PRELUDE = """
 -- Lets Redis < 5 replicate writes made after the non-deterministic TIME.
 if redis.replicate_commands then redis.replicate_commands() end
@@ -33,11 +36,24 @@ end
 #: Fence counters live outside the lock namespace (``task-lock:``), so that
 #: SCAN-based listing and sweeping never see them; they have no TTL.
 FENCE_PREFIX = "tasklock-fence:"
-#: A release that ends a lease leaves ``tasklock-released:<key>@<token>`` for
+#: Both carry a hash tag naming the lease's slot (see ``slots``).
+#: A release that ends a lease leaves ``tasklock-released:{<tag>}<key>@<token>`` for
 #: this long, so that the same release sent again (its reply lost) can tell
 #: its own deletion from a lease that expired or was force-released.
 RELEASED_PREFIX = "tasklock-released:"
 RELEASED_MS = 60_000
+
+
+def fence_key(key: str) -> str:
+    """``tasklock-fence:{<tag>}<key>``: the counter, in the lease ``task-lock:<key>``'s slot."""
+    return f"{FENCE_PREFIX}{tag_for(storage_key(key))}{key}"
+
+
+def tombstone_key(key: str, token: str) -> str:
+    """``tasklock-released:{<tag>}<key>@<token>``, in the slot of the lease."""
+    return f"{RELEASED_PREFIX}{tag_for(storage_key(key))}{key}@{token}"
+
+
 SCRIPTS = {
     # ARGV: token, lease_ms, stale_ms. 1 if acquired, also when the lease is
     # already this token's (this script run again after its reply was lost).

@@ -1,4 +1,4 @@
-"""Redis clients from ``TASKLOCK_REDIS_URL``: a plain Redis URL, or Sentinel.
+"""Redis clients from ``TASKLOCK_REDIS_URL``: a plain Redis URL, Sentinel, or Redis Cluster.
 
 :func:`parse_url` reads every form the setting takes and is the one judge of
 a URL, for ``manage.py check`` (E009) and for first use alike; it needs no
@@ -7,7 +7,11 @@ redis-py and connects to nothing. :func:`client_from_url` makes the client.
 ``redis+sentinel://[[username]:password@]host:port[,host:port...]/service_name[/db]``
 asks those sentinels for the master of ``service_name`` and follows it across
 failovers (redis-py's ``Sentinel.master_for``); the username and password are
-the master's. Every client gets 10 s socket timeouts and no retries (the
+the master's.
+``redis+cluster://[[username]:password@]host:port[,host:port...]`` makes
+redis-py's ``RedisCluster``, which learns the cluster's layout from any of
+those nodes and follows ``MOVED`` and ``ASK`` (a cluster has database 0 only).
+Every client gets 10 s socket timeouts and no retries (the
 sentinels' clients too), so that a Redis that stops answering stalls the
 heartbeat for one timeout per call; the query string's options win over
 the timeouts. A query option is honoured or the URL is rejected,
@@ -27,16 +31,19 @@ from django.core.exceptions import ImproperlyConfigured
 
 if TYPE_CHECKING:
     import redis
+    from redis.cluster import RedisCluster
 
 SETTING = "TASKLOCK_REDIS_URL"
 SENTINEL_SCHEME = "redis+sentinel"
-SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
+CLUSTER_SCHEME = "redis+cluster"
+SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME, CLUSTER_SCHEME)
 TIMEOUT_S = 10
 #: The accepted forms, for messages and the check's hint.
 FORMS = (
     "redis://[[username]:password@]host[:port][/db], rediss://... (TLS), "
-    "unix://[[username]:password@]/path/to/socket[?db=N] or "
-    f"{SENTINEL_SCHEME}://[[username]:password@]host:port[,host:port...]/service_name[/db]"
+    "unix://[[username]:password@]/path/to/socket[?db=N], "
+    f"{SENTINEL_SCHEME}://[[username]:password@]host:port[,host:port...]/service_name[/db] or "
+    f"{CLUSTER_SCHEME}://[[username]:password@]host:port[,host:port...]"
 )
 
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() is True for "²", which int() rejects
@@ -110,7 +117,8 @@ class RedisURLError(ImproperlyConfigured):
 
 @dataclass(frozen=True)
 class RedisURL:
-    """A parsed ``TASKLOCK_REDIS_URL``; ``hosts`` are the sentinels for Sentinel."""
+    """A parsed ``TASKLOCK_REDIS_URL``; ``hosts`` are the sentinels for Sentinel,
+    the nodes to start from for Cluster."""
 
     scheme: str
     hosts: tuple[tuple[str, int], ...] = ()
@@ -156,9 +164,17 @@ def parse_url(url: object, setting: str = SETTING) -> RedisURL:
             options=options,
         )
     items = location.split(",")
-    if scheme != SENTINEL_SCHEME and len(items) > 1:
-        raise bad(f"{scheme}:// names one server; several are for {SENTINEL_SCHEME}://")
-    hosts = tuple(_host_port(item, scheme != SENTINEL_SCHEME, bad) for item in items)
+    several = (SENTINEL_SCHEME, CLUSTER_SCHEME)
+    if scheme not in several and len(items) > 1:
+        raise bad(
+            f"{scheme}:// names one server; several are for {SENTINEL_SCHEME}:// "
+            f"or {CLUSTER_SCHEME}://"
+        )
+    hosts = tuple(_host_port(item, scheme == "redis" or scheme == "rediss", bad) for item in items)
+    if scheme == CLUSTER_SCHEME:
+        if path or "db" in options:
+            raise bad(f"a {CLUSTER_SCHEME}:// URL names no database: a cluster has only 0")
+        return RedisURL(scheme, hosts, username=username, password=password, options=options)
     service = ""
     if scheme == SENTINEL_SCHEME:
         if not path:
@@ -197,7 +213,7 @@ def _host_port(
     if port is None:
         if port_optional:
             return host, 6379
-        raise bad(f"{item!r} names no port (a sentinel's is usually 26379)")
+        raise bad(f"{item!r} names no port")
     if not _DIGITS.fullmatch(port) or not 1 <= int(port) <= 65535:
         raise bad(f"the port {port!r} of {host!r} is not a number from 1 to 65535")
     return host, int(port)
@@ -217,8 +233,12 @@ def _options(query: str, bad: Callable[[str], RedisURLError]) -> dict[str, Any]:
     return options
 
 
-def client_from_url(url: str, setting: str = SETTING) -> redis.Redis:
-    """A redis-py client for ``url`` (see :func:`parse_url`); connects on first command."""
+def client_from_url(url: str, setting: str = SETTING) -> redis.Redis | RedisCluster:
+    """A redis-py client for ``url`` (see :func:`parse_url`).
+
+    It connects on first command; a ``RedisCluster`` asks a node for the
+    cluster's layout as it is made.
+    """
     import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
@@ -232,6 +252,8 @@ def client_from_url(url: str, setting: str = SETTING) -> redis.Redis:
         "retry": Retry(NoBackoff(), 0),
     }
     options.update(parsed.options)
+    if parsed.scheme == CLUSTER_SCHEME:
+        return _cluster_client(parsed, options)
     auth: dict[str, Any] = {
         "db": parsed.db,
         "username": parsed.username,
@@ -256,3 +278,12 @@ def client_from_url(url: str, setting: str = SETTING) -> redis.Redis:
         parsed.service, **auth, **options
     )
     return client
+
+
+def _cluster_client(parsed: RedisURL, options: dict[str, Any]) -> RedisCluster:
+    from redis.cluster import ClusterNode, RedisCluster
+
+    nodes = [ClusterNode(host, port) for host, port in parsed.hosts]  # type: ignore[no-untyped-call]
+    return RedisCluster(
+        startup_nodes=nodes, username=parsed.username, password=parsed.password, **options
+    )

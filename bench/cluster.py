@@ -1,0 +1,148 @@
+"""The Redis heartbeat at 10,000 leases: on a Redis Cluster, and on one Redis for scale.
+
+    python bench/cluster.py [--leases 10000] [--window 10]
+
+Starts its own servers on free loopback ports (``tests/cluster.py``: 3
+masters + 3 replicas; ``tests/servers.py``: one ``redis-server``), so it needs
+the ``test`` extra and the Debian ``redis-server``; nothing shared is touched.
+The leases (ttl 30 s, refresh interval 1 s) are written in bulk (not
+measured) and handed to the process's heartbeat as ``run_exclusive`` would.
+Over the window: scripts per tick (``EVALSHA`` calls counted by the masters'
+``INFO commandstats``, divided by the heartbeat's ``refresh_many`` calls),
+the heartbeat thread's CPU (from ``/proc``), the median tick, lost leases.
+Refreshes go one script per hash slot and 500 leases, so at 10,000 leases
+spread over the 16,384 slots a tick sends some 7,500 small scripts in one
+pipeline, on one Redis as on a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import django
+from django.conf import settings
+
+
+class CountingRedis:
+    """Wraps ``RedisBackend.refresh_many``: (leases, seconds) per call."""
+
+    def __init__(self, backend: Any) -> None:
+        self.ticks: list[tuple[int, float]] = []
+        original = backend.refresh_many
+
+        def refresh_many(items: Any) -> list[bool]:
+            started = time.perf_counter()
+            answers: list[bool] = original(items)
+            self.ticks.append((len(items), time.perf_counter() - started))
+            return answers
+
+        backend.refresh_many = refresh_many
+
+
+def _thread_cpu_seconds(native_id: int) -> float:
+    with open(f"/proc/self/task/{native_id}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _evalsha_calls(nodes: list[Any]) -> int:
+    return sum(
+        int(node.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)) for node in nodes
+    )
+
+
+def measure(url: str, nodes: list[Any], leases: int, window: float) -> dict[str, Any]:
+    from django_tasklock.backends.base import Holder
+    from django_tasklock.backends.redis import RedisBackend
+    from django_tasklock.heartbeat import heartbeat
+    from django_tasklock.lease import Lease, clock
+    from django_tasklock.options import LockOptions
+
+    backend = RedisBackend(url=url)
+    counting = CountingRedis(backend)
+    options = LockOptions.resolve(ttl=30, refresh_interval=1)
+    run = secrets.token_hex(3)
+    tokens = {
+        f"bench-{run}-{n}": f"bench:{os.getpid()}:{secrets.token_urlsafe(18)}"
+        for n in range(leases)
+    }
+    asked_at = clock()
+    for k, t in tokens.items():
+        assert backend.acquire(k, t, ttl=options.ttl, max_lifetime=options.max_lifetime)
+    held = [
+        Lease(backend, k, t, Holder.from_token(t), options, asked_at=asked_at)
+        for k, t in tokens.items()
+    ]
+    for lease in held:
+        heartbeat().add(lease)
+    try:
+        thread = heartbeat()._thread
+        assert thread is not None
+        assert thread.native_id is not None
+        time.sleep(1.5)  # the first tick
+        first, calls = len(counting.ticks), _evalsha_calls(nodes)
+        cpu, start = _thread_cpu_seconds(thread.native_id), time.monotonic()
+        time.sleep(window)
+        cpu = _thread_cpu_seconds(thread.native_id) - cpu
+        elapsed = time.monotonic() - start
+        steady = counting.ticks[first:]
+        scripts = _evalsha_calls(nodes) - calls
+        lost = sum(lease.lost for lease in held)
+    finally:
+        for lease in held:
+            heartbeat().remove(lease)
+    return {
+        "leases": leases,
+        "ticks": len(steady),
+        "scripts_per_tick": round(scripts / max(1, len(steady)), 1),
+        "tick_ms_median": round(1000 * statistics.median(s for _, s in steady), 1)
+        if steady
+        else None,
+        "thread_cpu_percent": round(100 * cpu / elapsed, 1),
+        "lost": lost,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--leases", type=int, default=10_000)
+    parser.add_argument("--window", type=float, default=10.0)
+    args = parser.parse_args()
+    settings.configure(USE_TZ=True, INSTALLED_APPS=["django_tasklock"])
+    django.setup()
+    from tests.cluster import PrivateCluster
+    from tests.servers import PrivateRedis
+
+    results: dict[str, Any] = {}
+    cluster = PrivateCluster()
+    try:
+        cluster.start()
+        masters = [cluster.node(port) for port in cluster.masters()]
+        results["cluster"] = measure(cluster.url, masters, args.leases, args.window)
+    finally:
+        cluster.stop()
+    single = PrivateRedis()
+    try:
+        single.start()
+        import redis
+
+        node = redis.Redis(port=single.port)
+        results["single"] = measure(single.url, [node], args.leases, args.window)
+        node.close()
+    finally:
+        single.stop()
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

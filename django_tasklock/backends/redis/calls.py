@@ -1,0 +1,98 @@
+"""Running the backend's Lua scripts on a client: one at a time, or many in one pipeline.
+
+Scripts are sent by SHA (``EVALSHA``). A server that does not know one
+(restarted, ``SCRIPT FLUSH``, a replica promoted in a failover, a master
+added to a cluster) answers ``NOSCRIPT``: every script is loaded again
+(``SCRIPT LOAD``, which a ``RedisCluster`` sends to every master) and the
+call is sent again. The same code serves ``redis.Redis`` and redis-py's
+``RedisCluster``: every script's keys live in one hash slot (see ``slots``),
+and redis-py follows ``MOVED``, ``ASK`` and ``TRYAGAIN`` itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from django_tasklock.backends.redis.scripts import PRELUDE, SCRIPTS
+
+#: One script call: the script's name, its keys, its arguments.
+Call = tuple[str, Sequence[Any], Sequence[Any]]
+
+
+class Scripts:
+    """The scripts of :data:`~django_tasklock.backends.redis.scripts.SCRIPTS` on ``client``."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.bodies = {name: PRELUDE + body for name, body in SCRIPTS.items()}
+        self.shas = {
+            name: hashlib.sha1(body.encode()).hexdigest() for name, body in self.bodies.items()
+        }
+
+    def load(self) -> None:
+        """``SCRIPT LOAD`` every script (on a cluster: on every master)."""
+        for body in self.bodies.values():
+            self.client.script_load(body)
+
+    def run(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        from redis.exceptions import NoScriptError  # imported by the client already
+
+        try:
+            return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+        except NoScriptError:
+            self.load()
+            return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+
+    def run_many(self, calls: Sequence[Call]) -> list[Any]:
+        """Every call pipelined (not a transaction); the replies in order.
+
+        On a ``RedisCluster``, one plain pipeline per master, by the slot
+        layout the client knows (redis-py's cluster pipeline costs several
+        times the CPU per command). A call met with ``NOSCRIPT``, ``MOVED``,
+        ``ASK`` or ``TRYAGAIN`` (a slot moving, a failover) is sent again on
+        its own through the client, which loads the scripts or follows the
+        slot; any other error is raised.
+        """
+        from redis.cluster import RedisCluster
+        from redis.exceptions import (
+            AskError,
+            ConnectionError,
+            MovedError,
+            NoScriptError,
+            TimeoutError,
+            TryAgainError,
+        )
+
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        if isinstance(self.client, RedisCluster):
+            for index, (_, keys, _) in enumerate(calls):
+                node = self.client.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
+                groups.setdefault(node.name, (node, []))[1].append(index)
+        else:
+            groups[""] = (None, list(range(len(calls))))
+        replies: list[Any] = [None] * len(calls)
+        again: list[int] = []
+        for node, indexes in groups.values():
+            target = self.client if node is None else self.client.get_redis_connection(node)
+            pipe = target.pipeline(transaction=False)
+            for index in indexes:
+                name, keys, args = calls[index]
+                pipe.execute_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
+            try:
+                answers = pipe.execute(raise_on_error=False)
+            except (ConnectionError, TimeoutError):
+                if node is not None:  # a master gone: learn the layout again for the next call
+                    self.client.nodes_manager.initialize()
+                raise
+            for index, answer in zip(indexes, answers, strict=True):
+                if isinstance(answer, (NoScriptError, MovedError, AskError, TryAgainError)):
+                    again.append(index)
+                elif isinstance(answer, Exception):
+                    raise answer
+                else:
+                    replies[index] = answer
+        for index in again:
+            replies[index] = self.run(*calls[index])
+        return replies
