@@ -1,9 +1,11 @@
 """A private Redis master with one replica, for the replica acknowledgement tests.
 
 Both are ``tests/servers.py`` servers (free loopback ports, files in a
-temporary directory, no persistence). The master syncs a new replica at once
-(``repl-diskless-sync-delay 0``), so that a failover trial can start a fresh
-replica in tens of milliseconds.
+temporary directory, no persistence). The master syncs a new replica through
+a file (``repl-diskless-sync no``): it counts the replica as soon as the file
+is sent, where a diskless sync waits for the replica's first acknowledgement,
+sent once a second. A failover trial starts a fresh pair in tens of
+milliseconds.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import redis
 
 from tests.servers import PrivateRedis, private_redis
 
-MASTER_OPTIONS = ("--repl-diskless-sync-delay", "0")
+MASTER_OPTIONS = ("--repl-diskless-sync", "no")
 
 
 def replica_of(master: PrivateRedis) -> tuple[str, ...]:
