@@ -105,7 +105,8 @@ def send_and_wait(
     for attempt in range(1, _ATTEMPTS + 1):
         node = node_of(keys[0]) if node_of is not None else None
         pipe = client.pipeline(transaction=False)
-        pipe.evalsha(script.sha, len(keys), *keys, *args)
+        # Not pipe.evalsha(), which a cluster pipeline refuses: the command is routed by its key.
+        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
         target = {} if node is None else {"target_nodes": node}
         pipe.execute_command("WAIT", ack.count, ack.timeout_ms, **target)
         reply, acked = pipe.execute(raise_on_error=False)
