@@ -3,7 +3,9 @@
 redis-py's ``RedisCluster`` sends a keyless ``WAIT`` to its default node. A
 smallest cluster shows the difference: two masters, only the second with a
 replica. Whichever node is the client's default, a lease whose key lives on
-the second master is confirmed, and one on the first (no replica) is not.
+the second master is confirmed, and one on the first (no replica) is not;
+nor is one whose slot moved to the first while the client still sent it to
+the second.
 """
 
 from __future__ import annotations
@@ -107,4 +109,28 @@ def test_wait_is_sent_to_the_node_that_owns_the_lease(
     assert raised.value.confirmed == 0
     # (Its release, by a script with a second key in another slot, is refused
     # with CROSSSLOT by this cluster: the lease is left to expire.)
+    client.close()
+
+
+def test_a_slot_moved_during_the_call_is_confirmed_where_the_lease_landed(
+    cluster: tuple[PrivateRedis, PrivateRedis],
+) -> None:
+    # The client believes the slot is on the second master (replicated); it
+    # has moved to the first (no replica). The script follows MOVED there on
+    # another connection, while the WAIT, sent to the second master, counts
+    # its replica: that count must not confirm the lease.
+    first = cluster[0]
+    client: Any = RedisCluster(host="127.0.0.1", port=first.port)
+    backend = RedisBackend(client=client, min_replicas=1, replica_timeout=0.3)
+    key = _key_on(client, 8192, 16383)
+    slot = client.keyslot(storage_key(key))
+    nodes: list[Any] = [redis.Redis(port=s.port, decode_responses=True) for s in cluster]
+    one, two = nodes
+    first_id = one.execute_command("CLUSTER", "MYID")
+    for node in (two, one):  # the owner gives it up first
+        node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", first_id)
+    with pytest.raises(ReplicationNotConfirmed) as raised:
+        backend.acquire(key, new_token(), ttl=LEASE, max_lifetime=LEASE)
+    assert raised.value.confirmed == 0
+    assert one.exists(storage_key(key)) == 1  # it landed on the first master
     client.close()
