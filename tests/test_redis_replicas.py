@@ -26,6 +26,7 @@ from django_tasklock.backends.base import storage_key
 from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.backends.redis.scripts import PRELUDE, SCRIPTS
 from django_tasklock.service import TaskLockService, new_token
+from tests.conftest import runs_manage_py_check
 from tests.replication import frozen, master_and_replica
 from tests.servers import PrivateRedis
 
@@ -75,6 +76,7 @@ def test_bad_options_are_refused_naming_the_option(
         RedisBackend(url="redis://127.0.0.1:1/0", **options)
 
 
+@runs_manage_py_check
 @pytest.mark.parametrize(
     ("settings", "named"),
     [
