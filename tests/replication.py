@@ -14,12 +14,16 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
+import pytest
 import redis
 
+from django_tasklock.backends.redis import RedisBackend
 from tests.servers import PrivateRedis, private_redis
+
+Closable = TypeVar("Closable")
 
 MASTER_OPTIONS = ("--repl-diskless-sync", "no")
 
@@ -36,12 +40,13 @@ def wait_until_in_sync(master: PrivateRedis, timeout: float = 20) -> None:
     """
     client: Any = redis.Redis(port=master.port, single_connection_client=True)
     end = time.monotonic() + timeout
-    while True:
-        client.incr("tasklock-test-sync")
-        if client.wait(1, 100) >= 1:
-            return
-        if time.monotonic() > end:
-            raise TimeoutError(f"no replica of {master.port} acknowledged a write")
+    with contextlib.closing(client):
+        while True:
+            client.incr("tasklock-test-sync")
+            if client.wait(1, 100) >= 1:
+                return
+            if time.monotonic() > end:
+                raise TimeoutError(f"no replica of {master.port} acknowledged a write")
 
 
 @contextlib.contextmanager
@@ -60,3 +65,24 @@ def frozen(server: PrivateRedis) -> Iterator[None]:
         yield
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
+
+
+def close(thing: Any) -> None:
+    """Close a redis-py client, or the client a ``RedisBackend`` made (if it made one)."""
+    client = thing._client if isinstance(thing, RedisBackend) else thing
+    if client is not None:
+        client.close()
+
+
+@pytest.fixture
+def closing() -> Iterator[Callable[[Closable], Closable]]:
+    """``closing(client_or_backend)``: closed when the test ends (no socket left to the GC)."""
+    opened: list[Any] = []
+
+    def register(thing: Closable) -> Closable:
+        opened.append(thing)
+        return thing
+
+    yield register
+    for thing in opened:
+        close(thing)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -25,10 +25,13 @@ from django_tasklock import ReplicationNotConfirmed
 from django_tasklock.backends.base import storage_key
 from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.service import new_token
+from tests import replication
 from tests.servers import PrivateRedis, free_port, private_redis
 
 CLUSTER_OPTIONS = ("--cluster-enabled", "yes", "--cluster-node-timeout", "5000")
 LEASE = timedelta(seconds=30)
+closing = replication.closing  # a fixture
+Closing = Callable[[Any], Any]
 
 
 def _until(condition: Any, what: str, timeout: float = 30) -> None:
@@ -53,6 +56,8 @@ def two_masters_one_replica() -> Iterator[tuple[PrivateRedis, PrivateRedis]]:
             redis.Redis(port=server.port, decode_responses=True)
             for server in (first, second, replica)
         ]
+        for client in clients:
+            stack.callback(client.close)
         one, two, three = clients
         one.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 8191)
         two.execute_command("CLUSTER", "ADDSLOTSRANGE", 8192, 16383)
@@ -95,10 +100,10 @@ def cluster() -> Iterator[tuple[PrivateRedis, PrivateRedis]]:
 
 @pytest.mark.parametrize("default", ["first", "second"])
 def test_wait_is_sent_to_the_node_that_owns_the_lease(
-    cluster: tuple[PrivateRedis, PrivateRedis], default: str
+    cluster: tuple[PrivateRedis, PrivateRedis], default: str, closing: Closing
 ) -> None:
     first, second = cluster
-    client: Any = RedisCluster(host="127.0.0.1", port=first.port)
+    client: Any = closing(RedisCluster(host="127.0.0.1", port=first.port))
     chosen = first if default == "first" else second
     client.set_default_node(client.get_node(host="127.0.0.1", port=chosen.port))
     backend = RedisBackend(client=client, min_replicas=1, replica_timeout=0.3)
@@ -113,18 +118,18 @@ def test_wait_is_sent_to_the_node_that_owns_the_lease(
 
 
 def test_a_slot_moved_during_the_call_is_confirmed_where_the_lease_landed(
-    cluster: tuple[PrivateRedis, PrivateRedis],
+    cluster: tuple[PrivateRedis, PrivateRedis], closing: Closing
 ) -> None:
     # The client believes the slot is on the second master (replicated); it
     # has moved to the first (no replica). The script follows MOVED there on
     # another connection, while the WAIT, sent to the second master, counts
     # its replica: that count must not confirm the lease.
     first = cluster[0]
-    client: Any = RedisCluster(host="127.0.0.1", port=first.port)
+    client: Any = closing(RedisCluster(host="127.0.0.1", port=first.port))
     backend = RedisBackend(client=client, min_replicas=1, replica_timeout=0.3)
     key = _key_on(client, 8192, 16383)
     slot = client.keyslot(storage_key(key))
-    nodes: list[Any] = [redis.Redis(port=s.port, decode_responses=True) for s in cluster]
+    nodes: list[Any] = [closing(redis.Redis(port=s.port, decode_responses=True)) for s in cluster]
     one, two = nodes
     first_id = one.execute_command("CLUSTER", "MYID")
     for node in (two, one):  # the owner gives it up first
@@ -133,4 +138,3 @@ def test_a_slot_moved_during_the_call_is_confirmed_where_the_lease_landed(
         backend.acquire(key, new_token(), ttl=LEASE, max_lifetime=LEASE)
     assert raised.value.confirmed == 0
     assert one.exists(storage_key(key)) == 1  # it landed on the first master
-    client.close()

@@ -35,7 +35,7 @@ import redis
 from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.service import new_token
 from django_tasklock.testing.proxy import FaultProxy
-from tests.replication import MASTER_OPTIONS, wait_until_in_sync
+from tests.replication import MASTER_OPTIONS, close, wait_until_in_sync
 from tests.servers import PrivateRedis, PrivateSentinel, private_redis, private_sentinel
 
 pytestmark = pytest.mark.slow
@@ -68,8 +68,9 @@ def replicated_through_a_network() -> Iterator[tuple[PrivateRedis, PrivateRedis,
 def trial(min_replicas: int, rng: random.Random) -> Trial:
     """One master killed under load; the keys it granted, tried on the promoted replica."""
     prefix = f"failover-{uuid.uuid4().hex[:8]}"
-    with replicated_through_a_network() as (master, replica, network):
+    with replicated_through_a_network() as (master, replica, network), ExitStack() as opened:
         backend = RedisBackend(url=master.url, min_replicas=min_replicas, replica_timeout=2)
+        opened.callback(close, backend)
         granted: list[str] = []
         dead = threading.Event()
 
@@ -97,8 +98,10 @@ def trial(min_replicas: int, rng: random.Random) -> Trial:
         for thread in threads:
             thread.join(30)
         promoted: Any = redis.Redis(port=replica.port)
+        opened.callback(close, promoted)
         promoted.execute_command("REPLICAOF", "NO", "ONE")
         contender = RedisBackend(url=replica.url)
+        opened.callback(close, contender)
         doubled = sum(
             contender.acquire(key, new_token(), ttl=LEASE, max_lifetime=LEASE) for key in granted
         )
@@ -142,8 +145,9 @@ def promoted(state: dict[str, Any], sentinel: PrivateSentinel) -> bool:
 
 
 def test_through_sentinel_a_killed_master_loses_no_confirmed_lease() -> None:
-    with private_sentinel() as sentinel:
+    with private_sentinel() as sentinel, ExitStack() as opened:
         backend = RedisBackend(url=sentinel.url, min_replicas=1, replica_timeout=5)
+        opened.callback(close, backend)
         keys = {f"sentinel-{uuid.uuid4().hex[:8]}-{n}": new_token() for n in range(50)}
         for key, token in keys.items():
             assert backend.acquire(key, token, ttl=LEASE, max_lifetime=LEASE)
@@ -153,6 +157,7 @@ def test_through_sentinel_a_killed_master_loses_no_confirmed_lease() -> None:
             assert time.monotonic() < end, "Sentinel never promoted the replica"
             time.sleep(0.1)
         contender = RedisBackend(url=sentinel.url)
+        opened.callback(close, contender)
         assert not any(
             contender.acquire(key, new_token(), ttl=LEASE, max_lifetime=LEASE) for key in keys
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -26,12 +26,15 @@ from django_tasklock.backends.base import storage_key
 from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.backends.redis.scripts import PRELUDE, SCRIPTS
 from django_tasklock.service import TaskLockService, new_token
+from tests import replication
 from tests.conftest import runs_manage_py_check
 from tests.replication import frozen, master_and_replica
 from tests.servers import PrivateRedis
 
 TIMEOUT = 0.3
 LONG = timedelta(seconds=30)
+closing = replication.closing  # a fixture
+Closing = Callable[[Any], Any]
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +44,8 @@ def pair() -> Iterator[tuple[PrivateRedis, PrivateRedis]]:
 
 
 @pytest.fixture
-def master(pair: tuple[PrivateRedis, PrivateRedis]) -> Any:
-    return redis.Redis(port=pair[0].port)
+def master(pair: tuple[PrivateRedis, PrivateRedis], closing: Closing) -> Any:
+    return closing(redis.Redis(port=pair[0].port))
 
 
 @pytest.fixture
@@ -51,8 +54,9 @@ def replica(pair: tuple[PrivateRedis, PrivateRedis]) -> PrivateRedis:
 
 
 @pytest.fixture
-def backend(pair: tuple[PrivateRedis, PrivateRedis]) -> RedisBackend:
-    return RedisBackend(url=pair[0].url, min_replicas=1, replica_timeout=TIMEOUT)
+def backend(pair: tuple[PrivateRedis, PrivateRedis], closing: Closing) -> RedisBackend:
+    backend = RedisBackend(url=pair[0].url, min_replicas=1, replica_timeout=TIMEOUT)
+    return closing(backend)  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize(
@@ -99,13 +103,15 @@ def test_bad_settings_are_a_check_error_and_improperly_configured_naming_them(
             call_command("check")
 
 
-def test_the_settings_reach_the_backend(pair: tuple[PrivateRedis, PrivateRedis]) -> None:
+def test_the_settings_reach_the_backend(
+    pair: tuple[PrivateRedis, PrivateRedis], closing: Closing
+) -> None:
     with override_settings(
         TASKLOCK_REDIS_URL=pair[0].url,
         TASKLOCK_REDIS_MIN_REPLICAS=2,  # there is one replica
         TASKLOCK_REDIS_REPLICA_TIMEOUT=timedelta(milliseconds=200),
     ):
-        backend = RedisBackend.from_settings()
+        backend = closing(RedisBackend.from_settings())
     with pytest.raises(ReplicationNotConfirmed) as raised:
         backend.acquire("t-settings", new_token(), ttl=LONG, max_lifetime=LONG)
     assert (raised.value.wanted, raised.value.confirmed) == (2, 1)
@@ -113,9 +119,9 @@ def test_the_settings_reach_the_backend(pair: tuple[PrivateRedis, PrivateRedis])
 
 
 def test_a_live_replica_confirms_every_grant_before_it_is_reported(
-    backend: RedisBackend, replica: PrivateRedis, key: str
+    backend: RedisBackend, replica: PrivateRedis, key: str, closing: Closing
 ) -> None:
-    seen_on_replica: Any = redis.Redis(port=replica.port)
+    seen_on_replica: Any = closing(redis.Redis(port=replica.port))
     service = TaskLockService(backend)
     for _ in range(20):
         with service.lock(key, ttl=30, fencing=True) as held:
@@ -173,9 +179,13 @@ def test_a_re_sent_acquisition_is_confirmed_only_once_its_first_write_is(
 
 
 def test_a_lost_wait_reply_is_an_error_and_the_key_is_freed(
-    pair: tuple[PrivateRedis, PrivateRedis], master: Any, replica: PrivateRedis, key: str
+    pair: tuple[PrivateRedis, PrivateRedis],
+    master: Any,
+    replica: PrivateRedis,
+    key: str,
+    closing: Closing,
 ) -> None:
-    backend = RedisBackend(url=pair[0].url, min_replicas=1, replica_timeout=10)
+    backend = closing(RedisBackend(url=pair[0].url, min_replicas=1, replica_timeout=10))
     killed: list[int] = []
 
     def kill_the_waiting_connection() -> None:
@@ -199,10 +209,14 @@ def test_a_lost_wait_reply_is_an_error_and_the_key_is_freed(
 
 
 def test_a_failed_release_after_a_failed_wait_says_the_lease_expires(
-    pair: tuple[PrivateRedis, PrivateRedis], master: Any, replica: PrivateRedis, key: str
+    pair: tuple[PrivateRedis, PrivateRedis],
+    master: Any,
+    replica: PrivateRedis,
+    key: str,
+    closing: Closing,
 ) -> None:
     url = pair[0].url + "?socket_timeout=1.5"  # longer than the WAIT
-    backend = RedisBackend(url=url, min_replicas=1, replica_timeout=0.5)
+    backend = closing(RedisBackend(url=url, min_replicas=1, replica_timeout=0.5))
     paused: list[bool] = []
 
     def pause_writes_during_the_wait() -> None:
@@ -224,3 +238,15 @@ def test_a_failed_release_after_a_failed_wait_says_the_lease_expires(
     master.client_unpause()
     assert master.get(storage_key(key)) is not None  # left to its ttl
     assert 0 < master.pttl(storage_key(key)) <= 4000
+
+
+def test_a_master_that_refuses_the_write_raises_its_error_never_held(
+    backend: RedisBackend, master: Any, key: str
+) -> None:
+    master.config_set("maxmemory", 1)  # noeviction: every write is refused (OOM)
+    try:
+        with pytest.raises(redis.ResponseError, match="maxmemory"):
+            backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LONG)
+    finally:
+        master.config_set("maxmemory", 0)
+    assert master.get(storage_key(key)) is None
