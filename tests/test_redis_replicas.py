@@ -8,6 +8,7 @@ that is slow or cut off would: the acquisition raises
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -250,3 +251,16 @@ def test_a_master_that_refuses_the_write_raises_its_error_never_held(
     finally:
         master.config_set("maxmemory", 0)
     assert master.get(storage_key(key)) is None
+
+
+def test_the_async_api_raises_it_too(
+    backend: RedisBackend, master: Any, replica: PrivateRedis, key: str
+) -> None:
+    async def work() -> str:
+        return "ran"
+
+    service = TaskLockService(backend)
+    with frozen(replica), pytest.raises(ReplicationNotConfirmed):
+        asyncio.run(service.arun_exclusive(key, work))
+    assert master.get(storage_key(key)) is None
+    assert asyncio.run(service.arun_exclusive(key, work)).result == "ran"
