@@ -11,7 +11,12 @@ replicas confirmed in time is released by its token and fails with
 the script on the same connection: both go in one pipeline, which is one
 connection. A pipeline of a ``RedisCluster`` client sends a keyless ``WAIT`` to
 its default node, so it is routed to the node that owns the lease's key, where
-the script runs. redis-py is imported only when a pipeline is sent.
+the script runs. A ``MOVED`` during the call changes the client's slot map,
+which is checked. An ``ASK`` (a slot being migrated) does not: redis-py runs
+the script on the importing node on another connection and the ``WAIT``
+counts the source node's replicas; pinning both to the node that ran the
+script needs the cluster backend's own redirect handling. redis-py is
+imported only when a pipeline is sent.
 """
 
 from __future__ import annotations
@@ -96,8 +101,9 @@ def send_and_wait(
     A script the server does not have (a restart, a failover) is loaded and
     sent again. On a cluster whose slot map changed during the call (the
     script followed a ``MOVED`` on another connection), the pair is sent
-    again, so that the ``WAIT`` follows the script where it ran; the scripts
-    this runs are safe to send twice (see ``scripts``).
+    again, so that the ``WAIT`` follows the script where it ran: ``acquire``
+    sent again finds its own lease (and writes it again, which the ``WAIT``
+    then covers); ``fence`` hands out a greater fence.
     """
     from redis.exceptions import NoScriptError
 
