@@ -8,6 +8,7 @@ from django_tasklock.decorators import exclusive
 from django_tasklock.exceptions import (
     LockLost,
     LockNotAcquired,
+    ReplicationNotConfirmed,
     SyncLockInAsyncContext,
     TaskLockError,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockResult",
+    "ReplicationNotConfirmed",
     "SyncLockInAsyncContext",
     "TaskLockError",
     "TaskLockService",

@@ -56,6 +56,16 @@ class Settings:
         return value
 
     @property
+    def REDIS_MIN_REPLICAS(self) -> object:
+        """``TASKLOCK_REDIS_MIN_REPLICAS``, unchecked (see ``backends.redis.replicas``)."""
+        return getattr(settings, "TASKLOCK_REDIS_MIN_REPLICAS", 0)
+
+    @property
+    def REDIS_REPLICA_TIMEOUT(self) -> object:
+        """``TASKLOCK_REDIS_REPLICA_TIMEOUT``, unchecked: seconds or a timedelta, default 1 s."""
+        return getattr(settings, "TASKLOCK_REDIS_REPLICA_TIMEOUT", 1)
+
+    @property
     def DEFAULTS(self) -> dict[str, Any]:
         return dict(getattr(settings, "TASKLOCK_DEFAULTS", None) or {})
 

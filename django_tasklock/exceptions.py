@@ -48,6 +48,39 @@ class LockLost(TaskLockError):
         return type(self), (self.key, self.reason)
 
 
+class ReplicationNotConfirmed(TaskLockError):
+    """Fewer replicas than asked confirmed a lease in time: the acquisition failed.
+
+    Raised by the Redis backend's acquisition (and fencing) when
+    ``TASKLOCK_REDIS_MIN_REPLICAS`` (``RedisBackend(min_replicas=...)``) is set
+    and ``WAIT`` counted fewer than ``wanted`` replicas within the timeout. The
+    lease was released by its token (``released``; if that failed too, it
+    expires after its ``ttl``). It is an error of the storage, never "held by
+    someone else": no other worker is known to hold the key. ``key`` is the
+    caller's key; ``confirmed`` the replicas that did confirm.
+    """
+
+    def __init__(
+        self, key: str, wanted: int, confirmed: int, timeout: timedelta, released: bool = True
+    ) -> None:
+        self.key = key
+        self.wanted = wanted
+        self.confirmed = confirmed
+        self.timeout = timeout
+        self.released = released
+        ended = "it was released" if released else "releasing it failed: it expires after its ttl"
+        super().__init__(
+            f"Task lock {key!r} was not acquired: {confirmed} of the {wanted} replica(s) "
+            f"asked for (TASKLOCK_REDIS_MIN_REPLICAS) confirmed the lease within {timeout}; "
+            f"{ended}."
+        )
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[ReplicationNotConfirmed], tuple[str, int, int, timedelta, bool]]:
+        return type(self), (self.key, self.wanted, self.confirmed, self.timeout, self.released)
+
+
 class SyncLockInAsyncContext(TaskLockError, SynchronousOnlyOperation):
     """The sync API (``with lock``, ``acquire()``, ``run_exclusive``) called on an event loop.
 

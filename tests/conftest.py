@@ -101,13 +101,16 @@ def database_backend(alias: str) -> ContractBackend:
     )
 
 
-def redis_backend(namespace: str) -> Iterator[ContractBackend]:
+def redis_backend(
+    namespace: str, url: str | None = None, name: str = "redis", **options: Any
+) -> Iterator[ContractBackend]:
+    """The shared test Redis, or the one at ``url``; ``options`` for ``RedisBackend``."""
     import redis
 
     from django_tasklock.backends.redis import RedisBackend
     from django_tasklock.backends.redis.scripts import RELEASED_PREFIX
 
-    url = settings.REDIS_URL
+    url = url or settings.REDIS_URL
     assert url is not None
     client = redis.Redis.from_url(url)
 
@@ -128,17 +131,17 @@ def redis_backend(namespace: str) -> Iterator[ContractBackend]:
 
     recipe = BackendRecipe(
         backend="django_tasklock.backends.redis.RedisBackend",
-        kwargs={"url": url},
+        kwargs={"url": url, **options},
         settings={"INSTALLED_APPS": ["django_tasklock"]},
     )
     yield ContractBackend(
-        name="redis",
-        backend=RedisBackend(url=url),
+        name=name,
+        backend=RedisBackend(url=url, **options),
         recipe=recipe,
         plant=plant,
         put_foreign=put_foreign,
         stored_keys=stored_keys,
-        unreachable=lambda: RedisBackend(url="redis://127.0.0.1:1/0"),
+        unreachable=lambda: RedisBackend(url="redis://127.0.0.1:1/0", **options),
         skew_worker_clock=skewed_worker(recipe),
     )
     # Only what this test wrote: its keys all carry its namespace.

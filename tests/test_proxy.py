@@ -77,3 +77,18 @@ def test_black_holes_until_healed_and_stops_by_itself(echo: tuple[str, int]) -> 
         time.sleep(2.5)  # past its lifetime: closed
         with pytest.raises(ConnectionRefusedError):
             ask(proxy, b"late", timeout=0.5)
+
+
+def test_a_connection_closed_before_its_pump_starts_ends_quietly(echo: tuple[str, int]) -> None:
+    # Stopping the proxy just after it accepted a connection closes the
+    # sockets before the forwarding threads run: each must end, not raise
+    # (an unhandled OSError in a thread, an error under filterwarnings).
+    from django_tasklock.testing.proxy import _Pipe
+
+    proxy = FaultProxy(echo)
+    client, server = socket.socketpair()
+    pipe = _Pipe(client, server)
+    pipe.close()
+    proxy._pump(pipe, True)
+    proxy._pump(pipe, False)
+    proxy.stop()

@@ -228,8 +228,8 @@ class FaultProxy:
 
     def _pump(self, pipe: _Pipe, upstream: bool) -> None:
         source, sink = (pipe.client, pipe.server) if upstream else (pipe.server, pipe.client)
-        source.settimeout(_POLL)
         try:
+            source.settimeout(_POLL)  # an OSError if the pipe was closed before we started
             while not self._stop.is_set() and not pipe.closed.is_set():
                 try:
                     data = source.recv(_CHUNK)

@@ -38,9 +38,17 @@ from django_tasklock.backends.forksafe import ForkSafeLock
 from django_tasklock.backends.redis.calls import Call, Scripts
 from django_tasklock.backends.redis.checks import check_redis
 from django_tasklock.backends.redis.connections import connect
+from django_tasklock.backends.redis.replicas import (
+    DEFAULT_TIMEOUT,
+    ack_from_settings,
+    replica_ack,
+    send_and_wait,
+    unconfirmed,
+)
 from django_tasklock.backends.redis.scripts import RELEASED_MS, fence_key, tombstone_key
 from django_tasklock.backends.redis.slots import by_slot, tag_for
 from django_tasklock.backends.redis.urls import RedisURLError, parse_url
+from django_tasklock.durations import Duration
 
 if TYPE_CHECKING:
     # redis-py is imported when a connection is made, never at import: without
@@ -74,6 +82,10 @@ class RedisBackend(BaseBackend):
     Connection errors propagate. A ``url`` that does not read is a
     ``ValueError`` naming ``url`` here (from the settings:
     ``ImproperlyConfigured`` naming ``TASKLOCK_REDIS_URL``).
+
+    ``min_replicas`` (``TASKLOCK_REDIS_MIN_REPLICAS``): after each acquisition
+    and fence, ``WAIT`` for that many replicas, at most ``replica_timeout``
+    (``TASKLOCK_REDIS_REPLICA_TIMEOUT``, 1 s); fewer is ``ReplicationNotConfirmed``.
     """
 
     def __init__(
@@ -82,6 +94,8 @@ class RedisBackend(BaseBackend):
         *,
         url: str | None = None,
         cache_alias: str | None = None,
+        min_replicas: int = 0,
+        replica_timeout: Duration = DEFAULT_TIMEOUT,
     ) -> None:
         if sum(source is not None for source in (client, url, cache_alias)) != 1:
             raise TypeError("RedisBackend takes exactly one of client, url and cache_alias")
@@ -90,6 +104,7 @@ class RedisBackend(BaseBackend):
                 parse_url(url, "url")
             except RedisURLError as exc:
                 raise ValueError(str(exc)) from None
+        self._ack = replica_ack(min_replicas, replica_timeout)
         self._client = client
         self._url = url
         self._cache_alias = cache_alias
@@ -101,10 +116,13 @@ class RedisBackend(BaseBackend):
         """``TASKLOCK_REDIS_URL`` when set, else the ``TASKLOCK_REDIS_CACHE`` alias."""
         from django_tasklock.conf import conf
 
+        ack = ack_from_settings()  # ImproperlyConfigured naming the setting
         if conf.REDIS_URL:
             parse_url(conf.REDIS_URL)  # ImproperlyConfigured naming the setting
-            return cls(url=conf.REDIS_URL)
-        return cls(cache_alias=conf.REDIS_CACHE)
+        url, alias = conf.REDIS_URL, None if conf.REDIS_URL else conf.REDIS_CACHE
+        backend = cls(url=url, cache_alias=alias)
+        backend._ack = ack
+        return backend
 
     @classmethod
     def check(cls) -> list[Any]:
@@ -131,13 +149,25 @@ class RedisBackend(BaseBackend):
     def _run(self, name: str, key: str | bytes, *args: Any) -> Any:
         return self._calls().run(name, [key], args)
 
+    def _grant(self, name: str, key: str, token: str, keys: list[str], args: list[Any]) -> Any:
+        """Run a script that grants (``acquire``, ``fence``); ``WAIT`` after it if asked to."""
+        scripts = self._calls()
+        if self._ack is None:
+            return scripts.run(name, keys, args)
+        reply, acked = send_and_wait(scripts, name, keys, args, self._ack)
+        if reply and acked < self._ack.count:  # granted (no fence is 0), too few replicas
+            raise unconfirmed(lambda: self.release(key, token), key, self._ack, acked)
+        return reply
+
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         """``SET NX PX`` by the server clock; also takes over a key abandoned for 24 h.
 
         The first lease lasts ``min(ttl, max_lifetime)``, so even it respects the cap.
         """
-        lease_ms = _ms(min(ttl, max_lifetime))
-        return bool(self._run("acquire", storage_key(key), token, lease_ms, _STALE_ARG))
+        args = [token, _ms(min(ttl, max_lifetime)), _STALE_ARG]
+        if self._ack is None:
+            return bool(self._run("acquire", storage_key(key), *args))
+        return bool(self._grant("acquire", key, token, [storage_key(key)], args))
 
     def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         """Set the TTL to ``min(ttl, acquired + max_lifetime - now)``; untouched if that is <= 0.
@@ -203,7 +233,9 @@ class RedisBackend(BaseBackend):
         lost with a restart, ``FLUSHDB`` or a failover starts again above
         every fence handed out before (unless that clock went back).
         """
-        reply = self._calls().run("fence", [storage_key(key), fence_key(key)], [token, _STALE_MS])
+        reply = self._grant(
+            "fence", key, token, [storage_key(key), fence_key(key)], [token, _STALE_MS]
+        )
         return None if reply is None else int(reply)
 
     def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:

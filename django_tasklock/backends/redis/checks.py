@@ -9,7 +9,9 @@ import importlib
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 
+from django_tasklock.backends.redis.replicas import ack_from_settings
 from django_tasklock.backends.redis.urls import FORMS, RedisURLError, parse_url
 from django_tasklock.conf import conf
 
@@ -20,7 +22,7 @@ PACKAGES = {"redis": "redis", "django_redis": "django-redis"}
 def check_redis() -> list[checks.CheckMessage]:
     """E002: redis-py (or, without a URL, django-redis) is missing; E009: the URL.
 
-    E003-E004: the cache, when no URL is set.
+    E003-E004: the cache, when no URL is set. E011: the replica acknowledgement settings.
     """
     needed = ["redis"] if conf.REDIS_URL else ["redis", "django_redis"]
     missing = [PACKAGES[module] for module in needed if not _importable(module)]
@@ -34,6 +36,17 @@ def check_redis() -> list[checks.CheckMessage]:
                 "django-redis cache's connection pool, TASKLOCK_REDIS_CACHE; with "
                 "TASKLOCK_REDIS_URL, redis alone is enough).",
                 id="django_tasklock.E002",
+            )
+        )
+    try:
+        ack_from_settings()  # the same reading as at first use
+    except ImproperlyConfigured as exc:
+        errors.append(
+            checks.Error(
+                str(exc),
+                hint="TASKLOCK_REDIS_MIN_REPLICAS is a whole number (0: no acknowledgement); "
+                "TASKLOCK_REDIS_REPLICA_TIMEOUT is seconds or a timedelta, 1 ms to 24 h.",
+                id="django_tasklock.E011",
             )
         )
     if conf.REDIS_URL:

@@ -56,7 +56,9 @@ def tombstone_key(key: str, token: str) -> str:
 
 SCRIPTS = {
     # ARGV: token, lease_ms, stale_ms. 1 if acquired, also when the lease is
-    # already this token's (this script run again after its reply was lost).
+    # already this token's (this script run again after its reply was lost):
+    # then its TTL is set again to what is left, a write, so that a WAIT sent
+    # after this run on its connection also covers the first run's write.
     "acquire": """
 local now = now_ms()
 local value = ARGV[1] .. '@' .. string.format('%.0f', now)
@@ -65,7 +67,10 @@ if is_free(KEYS[1], now, tonumber(ARGV[3])) then
   redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
   return 1
 end
-if parse(redis.pcall('GET', KEYS[1])) == ARGV[1] then return 1 end
+if parse(redis.pcall('GET', KEYS[1])) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], math.max(1, redis.call('PTTL', KEYS[1])))
+  return 1
+end
 return 0
 """,
     # ARGV: token, ttl_ms, max_lifetime_ms. 0 if the lease is lost.
