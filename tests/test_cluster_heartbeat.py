@@ -116,3 +116,40 @@ def test_the_heartbeat_holding_ten_thousand_leases_sends_one_script_per_slot_per
     assert not any(lease.lost for lease in leases)
     for start in range(0, len(names), 500):
         raw.delete(*(storage_key(n) for n in names[start : start + 500]))
+
+
+def test_a_plain_client_refused_crossslot_sends_per_slot_from_then_on(
+    redis_cluster: PrivateCluster, key: str
+) -> None:
+    """A proxy in front of a cluster hides it: a plain client to one master stands in.
+
+    A single Redis takes 500 keys of any slots in one script (test_statements);
+    one that refuses them (``CROSSSLOT``, before running anything) gets them
+    per slot from then on, and every lease is still answered.
+    """
+    port = redis_cluster.masters()[0]
+    owned = redis_cluster.slots_of(port)
+    names: list[str] = []
+    i = 0
+    while len({slot(storage_key(n)) for n in names}) < 5 or len(names) < 40:
+        name = f"{key}:{i}"
+        if slot(storage_key(name)) in owned:
+            names.append(name)
+        i += 1
+    tokens = [new_token() for _ in names]
+    node = redis_cluster.node(port)
+    backend = RedisBackend(client=node)
+    try:
+        for name, token in zip(names, tokens, strict=True):
+            assert backend.acquire(name, token, ttl=LONG, max_lifetime=LIFE)
+        assert not backend._calls().per_slot
+        items = [Refresh(n, t, LONG, LIFE) for n, t in zip(names, tokens, strict=True)]
+        assert backend.refresh_many(items) == [True] * len(names)
+        assert backend._calls().per_slot
+        before = _evalsha_calls(redis_cluster)
+        assert backend.refresh_many(items) == [True] * len(names)
+        slots = {slot(storage_key(n)) for n in names}
+        assert _evalsha_calls(redis_cluster) - before == len(slots)
+    finally:
+        for name in names:
+            node.delete(storage_key(name))

@@ -193,6 +193,25 @@ def test_free_key_held_key_release_and_refresh_on_redis(
     assert commands(lambda: backend.release(key, token)) == ["EVALSHA"]
 
 
+def test_a_single_redis_refreshes_500_keys_of_any_slots_in_one_script(
+    monitored: tuple[RedisBackend, Callable[[Callable[[], object]], list[str]]], key: str
+) -> None:
+    """1,200 leases of 1,200 keys (about as many slots): 3 scripts, not one per slot."""
+    backend, commands = monitored
+    names = [f"{key}:{i}" for i in range(1_200)]
+    tokens = [new_token() for _ in names]
+    for name, token in zip(names, tokens, strict=True):
+        assert backend.acquire(name, token, ttl=LONG, max_lifetime=LIFE)
+    items = [
+        Refresh(n, t, ttl=LONG, max_lifetime=LIFE) for n, t in zip(names, tokens, strict=True)
+    ]
+    answers: list[bool] = []
+    assert commands(lambda: answers.extend(backend.refresh_many(items))) == ["EVALSHA"] * 3
+    assert answers == [True] * len(names)
+    for name, token in zip(names, tokens, strict=True):
+        backend.release(name, token)
+
+
 def test_default_refresh_many_loops_over_refresh(key: str) -> None:
     refreshed: list[str] = []
 

@@ -46,7 +46,7 @@ from django_tasklock.backends.redis.replicas import (
     unconfirmed,
 )
 from django_tasklock.backends.redis.scripts import RELEASED_MS, fence_key, tombstone_key
-from django_tasklock.backends.redis.slots import by_slot, tag_for
+from django_tasklock.backends.redis.slots import chunked, tag_for
 from django_tasklock.backends.redis.urls import RedisURLError, parse_url
 from django_tasklock.durations import Duration
 
@@ -177,19 +177,21 @@ class RedisBackend(BaseBackend):
         return bool(self._run("refresh", storage_key(key), token, _ms(ttl), _ms(max_lifetime)))
 
     def refresh_many(self, items: Sequence[Refresh]) -> list[bool]:
-        """One EVALSHA per hash slot and chunk of 500 leases, each judged as :meth:`refresh` would.
+        """One EVALSHA per chunk of 500 leases, each judged as :meth:`refresh` would.
 
-        A script never carries keys of two slots (Redis Cluster refuses them,
-        and a proxy in front of one could send them to the wrong node), so
-        leases are grouped by their key's slot; the scripts go in one
-        pipeline (one round trip; on a cluster, one per master). A Redis that
+        On Redis Cluster a script never carries keys of two slots (the
+        cluster refuses them), so leases are grouped by their key's slot
+        first. A single Redis takes any 500 keys in one script; one that
+        refuses them (``CROSSSLOT``: a proxy hiding a cluster) is sent them per
+        slot from then on. The scripts go in one pipeline (one round trip; on a
+        cluster, one per master). A Redis that
         stops answering fails the call after the connection's socket timeout
         (10 s for a ``url``; a django-redis cache's own otherwise).
         """
         stored = [storage_key(item.key) for item in items]
-        chunks: list[list[int]] = []
-        for group in by_slot(stored, range(len(items))):
-            chunks += (group[i : i + REFRESH_CHUNK] for i in range(0, len(group), REFRESH_CHUNK))
+        scripts = self._calls()
+        per_slot = scripts.per_slot
+        chunks = chunked(stored, REFRESH_CHUNK, per_slot=per_slot)
         calls: list[Call] = []
         for chunk in chunks:
             args: list[Any] = []
@@ -197,8 +199,16 @@ class RedisBackend(BaseBackend):
                 item = items[index]
                 args += (item.token, _ms(item.ttl), _ms(item.max_lifetime))
             calls.append(("refresh_many", [stored[index] for index in chunk], args))
-        scripts = self._calls()
-        replies = [scripts.run(*calls[0])] if len(calls) == 1 else scripts.run_many(calls)
+        try:
+            replies = [scripts.run(*calls[0])] if len(calls) == 1 else scripts.run_many(calls)
+        except Exception as exc:
+            from redis.exceptions import ClusterCrossSlotError
+
+            # Refused before it ran (a proxy in front of a cluster): per slot from now on.
+            if per_slot or not isinstance(exc, ClusterCrossSlotError):
+                raise
+            scripts.per_slot = True
+            return self.refresh_many(items)
         answers = [False] * len(items)
         for chunk, reply in zip(chunks, replies, strict=True):
             for index, answer in zip(chunk, reply, strict=True):

@@ -25,7 +25,13 @@ class Scripts:
     """The scripts of :data:`~django_tasklock.backends.redis.scripts.SCRIPTS` on ``client``."""
 
     def __init__(self, client: Any) -> None:
+        from redis.cluster import RedisCluster
+
         self.client = client
+        #: Keys of two slots never share a script: on a ``RedisCluster`` from the
+        #: start; on a plain client once a server refuses them (``CROSSSLOT``: a
+        #: proxy in front of a cluster, which hides its topology).
+        self.per_slot = isinstance(client, RedisCluster)
         self.bodies = {name: PRELUDE + body for name, body in SCRIPTS.items()}
         self.shas = {
             name: hashlib.sha1(body.encode()).hexdigest() for name, body in self.bodies.items()

@@ -109,3 +109,11 @@ def by_slot(stored: Sequence[str], items: Sequence[T]) -> Iterable[list[T]]:
     for key, item in zip(stored, items, strict=True):
         groups.setdefault(key_slot(key), []).append(item)
     return groups.values()
+
+
+def chunked(stored: Sequence[str], size: int, *, per_slot: bool) -> list[list[int]]:
+    """The indexes of ``stored`` in chunks of at most ``size``; with ``per_slot``,
+    each chunk's keys all in one hash slot (grouped as :func:`by_slot` does)."""
+    indexes = range(len(stored))
+    groups = by_slot(stored, indexes) if per_slot else [list(indexes)]
+    return [group[i : i + size] for group in groups for i in range(0, len(group), size)]
