@@ -14,10 +14,10 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from django_tasklock import loss, notifier, observe
+from django_tasklock import loss, observe
 from django_tasklock.aio import refuse_event_loop
 from django_tasklock.backends import get_backend
-from django_tasklock.backends.base import BaseBackend, HeldLock, Holder, Released
+from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.exceptions import LockNotAcquired
 from django_tasklock.heartbeat import heartbeat
 from django_tasklock.lease import Lease, clock, new_token
@@ -32,7 +32,8 @@ from django_tasklock.options import (
     validate_progress_timeout,
     validate_wait,
 )
-from django_tasklock.signals import lock_acquired, lock_released
+from django_tasklock.releasing import discard, send_release
+from django_tasklock.signals import lock_acquired
 from django_tasklock.transactions import release_after_transactions
 from django_tasklock.waiting import Backoff
 
@@ -236,13 +237,13 @@ class Lock(AsyncLockMethods):
             )
             fence = backend.fence(self.key, token) if granted and self.fencing else None
         except BaseException:
-            _discard(backend, self.key, token)
+            discard(backend, self.key, token)
             raise
         if not granted:
             return False
         if self.fencing and fence is None:
             # Expired before it was fenced: not a grant. Clear our row if left.
-            _discard(backend, self.key, token)
+            discard(backend, self.key, token)
             return False
         self._lease, self._held, self.fence = lease, True, fence
         try:
@@ -268,45 +269,6 @@ class Lock(AsyncLockMethods):
             # With min_hold, a refresh under way must land before the release.
             heartbeat().remove(lease, wait=self.min_hold is not None)
         finally:  # even interrupted here, the lease is released
-            self._send_release(lease)
+            send_release(lease, self.min_hold)
             if observe.observer is not None:
                 observe.observer.released(lease)
-
-    def _send_release(self, lease: Lease) -> None:
-        sent_at = clock()
-        try:
-            if self.min_hold is None:
-                found = lease.backend.release_outcome(lease.key, lease.token)
-            else:
-                found = lease.backend.release_outcome(
-                    lease.key, lease.token, min_hold=self.min_hold
-                )
-        except Exception:
-            # Possibly on the heartbeat's thread (a rollback found by it): logged there
-            # through the notifier, like the signals below.
-            notifier.log(
-                logging.WARNING,
-                "Releasing task lock %r failed; the lease will expire by itself.",
-                lease.key,
-                exc_info=True,
-            )
-            return
-        # Gone, and nobody else's: ended by this release sent twice (its reply
-        # lost), unless the lease could have run out before it was sent.
-        if found is Released.RELEASED or (found is Released.GONE and sent_at <= lease.valid_until):
-            if not lease.lost_event.is_set():  # never "released" after "lost"
-                notifier.run(lease.announce, lock_released)
-        elif found is Released.GONE or sent_at >= lease.valid_until:
-            # It could have run out before the release was sent: an expiry,
-            # whatever was at the key when the release looked.
-            lease.expire(inline=True)
-        else:
-            lease.declare(lease.found_not_ours())
-
-
-def _discard(backend: BaseBackend, key: str, token: str) -> None:
-    """Delete a lease we will not hand out (if granted); if that fails, it expires by itself."""
-    try:
-        backend.release(key, token)
-    except Exception:
-        logger.debug("Releasing %r after an unfinished acquisition failed.", key, exc_info=True)

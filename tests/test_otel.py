@@ -18,7 +18,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from redis.exceptions import RedisError
 
 from django_tasklock import LockNotAcquired, TaskLockService
-from django_tasklock.contrib import otel
+from django_tasklock.contrib import otel_conventions
 from django_tasklock.testing import ContractBackend
 from tests.conftest import database_backend, redis_backend, require_service
 from tests.otel_support import Telemetry, attrs, eventually, is_counter, observed
@@ -87,7 +87,9 @@ def test_acquired(store: ContractBackend, telemetry: Telemetry, key: str) -> Non
     [duration] = telemetry.points("tasklock.acquire.duration").items()
     assert duration[0] == attrs(name="report", backend=backend_of(store), result="acquired")
     assert isinstance(duration[1], HistogramDataPoint)
-    assert tuple(duration[1].explicit_bounds) == otel.SECONDS  # seconds, not milliseconds
+    assert (
+        tuple(duration[1].explicit_bounds) == otel_conventions.SECONDS
+    )  # seconds, not milliseconds
     assert duration[1].count == 1
     [held] = telemetry.points("tasklock.hold.duration").items()
     assert held[0] == attrs(name="report", backend=backend_of(store))

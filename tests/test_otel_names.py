@@ -15,7 +15,13 @@ from django.test import override_settings
 
 from django_tasklock import TaskLockService, contrib, current_lock, exclusive, observe
 from django_tasklock.backends.memory import MemoryBackend
-from django_tasklock.contrib import INTEGRATIONS, Integration, MissingFramework, otel
+from django_tasklock.contrib import (
+    INTEGRATIONS,
+    Integration,
+    MissingFramework,
+    otel,
+    otel_conventions,
+)
 from tests.otel_support import Telemetry, observed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,7 +111,11 @@ def test_ten_thousand_keys_under_three_templates_make_few_series(telemetry: Tele
             held.release()
         else:
             functions[n % 3](n)
-    series = {name: set(telemetry.points(name)) for name in otel.METRICS if telemetry.points(name)}
+    series = {
+        name: set(telemetry.points(name))
+        for name in otel_conventions.METRICS
+        if telemetry.points(name)
+    }
     assert set(series) >= {
         "tasklock.acquire.duration",
         "tasklock.hold.duration",

@@ -25,6 +25,12 @@ from opentelemetry import context, metrics, trace  # noqa: E402
 from opentelemetry.trace import SpanKind, Status, StatusCode  # noqa: E402
 
 from django_tasklock import observe  # noqa: E402
+from django_tasklock.contrib.otel_conventions import (  # noqa: E402
+    METRICS,
+    SCOPE,
+    SECONDS,
+    backend_name,
+)
 from django_tasklock.lease import clock  # noqa: E402
 
 if TYPE_CHECKING:
@@ -33,39 +39,6 @@ if TYPE_CHECKING:
     from django_tasklock.backends.base import BaseBackend
     from django_tasklock.lease import Lease
     from django_tasklock.lock import Lock
-
-SCOPE = "django_tasklock"
-#: Bucket boundaries (seconds) for the duration histograms: from a local
-#: acquisition (~1 ms) to a long job's hold (an hour).
-SECONDS: tuple[float, ...] = (
-    *(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
-    *(1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0),
-)
-#: name -> (kind, unit, description): what a dashboard can chart.
-METRICS = {
-    "tasklock.acquire.duration": ("histogram", "s", "Time to an acquisition's outcome"),
-    "tasklock.hold.duration": ("histogram", "s", "Time from grant to release"),
-    "tasklock.active": ("updowncounter", "{lock}", "Locks held by this process"),
-    "tasklock.waiting": ("updowncounter", "{caller}", "Callers waiting for a held key"),
-    "tasklock.lost": ("counter", "{lock}", "Leases lost while held"),
-    "tasklock.skipped": ("counter", "{call}", "Work not run because its key was held"),
-    "tasklock.heartbeat.duration": ("histogram", "s", "Time one heartbeat tick took"),
-    "tasklock.heartbeat.leases": ("histogram", "{lease}", "Leases one heartbeat tick refreshed"),
-}
-_BUILTIN = {
-    "DatabaseBackend": "database",
-    "PostgresBackend": "postgres",
-    "RedisBackend": "redis",
-    "MemoryBackend": "memory",
-}
-
-
-def backend_name(backend: BaseBackend) -> str:
-    """``tasklock.backend``: a built-in backend's short name, else the class's dotted path."""
-    cls = type(backend)
-    if cls.__module__.startswith("django_tasklock.backends.") and cls.__name__ in _BUILTIN:
-        return _BUILTIN[cls.__name__]
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class Telemetry:

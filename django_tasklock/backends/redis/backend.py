@@ -18,20 +18,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django_tasklock.backends.base import (
     KEY_PREFIX,
     STALE_AFTER,
-    UNKNOWN_HOLDER,
     BaseBackend,
     HeldLock,
-    Holder,
     Refresh,
     Released,
     caller_key,
-    lease_id,
     storage_key,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
@@ -45,6 +42,7 @@ from django_tasklock.backends.redis.replicas import (
     send_and_wait,
     unconfirmed,
 )
+from django_tasklock.backends.redis.replies import held_lock, text
 from django_tasklock.backends.redis.scripts import RELEASED_MS, fence_key, tombstone_key
 from django_tasklock.backends.redis.slots import chunked, tag_for
 from django_tasklock.backends.redis.urls import RedisURLError, parse_url
@@ -57,7 +55,6 @@ if TYPE_CHECKING:
     import redis
     from redis.cluster import RedisCluster
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _STALE_MS = int(STALE_AFTER / timedelta(milliseconds=1))
 _STALE_ARG = b"%d" % _STALE_MS  # bytes: redis-py sends them as they are, no encoding per call
 _BATCH = 500
@@ -67,10 +64,6 @@ REFRESH_CHUNK = 500
 
 def _ms(duration: timedelta) -> int:
     return max(1, math.ceil(duration / timedelta(milliseconds=1)))
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 class RedisBackend(BaseBackend):
@@ -256,10 +249,10 @@ class RedisBackend(BaseBackend):
         """
         stored = storage_key(key)
         reply = self._run("inspect", stored, _STALE_MS)
-        found = self._held(key, reply)
+        found = held_lock(key, reply)
         if found is None or (lease is not None and found.lease != lease):
             return None
-        self._run("evict", stored, _text(reply[0]))
+        self._run("evict", stored, text(reply[0]))
         return found
 
     def _run_all(self, name: str, *args: Any) -> list[tuple[str, Any]]:
@@ -272,33 +265,12 @@ class RedisBackend(BaseBackend):
         for start in range(0, len(found), _BATCH):
             batch = found[start : start + _BATCH]
             replies = scripts.run_many([(name, [stored], args) for stored in batch])
-            results += [(caller_key(_text(k)), r) for k, r in zip(batch, replies, strict=True)]
+            results += [(caller_key(text(k)), r) for k, r in zip(batch, replies, strict=True)]
         return results
-
-    @staticmethod
-    def _held(key: str, reply: Any) -> HeldLock | None:
-        if not reply:
-            return None
-        token, acquired_ms, pttl, now_ms = _text(reply[0]), *map(int, reply[1:])
-        now = _EPOCH + timedelta(milliseconds=now_ms)
-        holder = Holder.from_token(token)
-        if not 0 <= acquired_ms <= now_ms + _STALE_MS:
-            # No lease written here began before 1970 or a day after now (a
-            # time past any date comes back from Lua as a bogus integer): the
-            # value is not ours, and shown as unknown, acquired when read.
-            holder, acquired_ms = UNKNOWN_HOLDER, now_ms
-        return HeldLock(
-            key=key,
-            holder=holder,
-            acquired_at=_EPOCH + timedelta(milliseconds=acquired_ms),
-            expires_at=now + timedelta(milliseconds=pttl),
-            seconds_left=pttl / 1000,
-            lease=lease_id(token),
-        )
 
     def peek(self, key: str) -> HeldLock | None:
         """The holding lease; a value not written here shows holder ``?`` (see :meth:`list`)."""
-        return self._held(key, self._run("inspect", storage_key(key), _STALE_MS))
+        return held_lock(key, self._run("inspect", storage_key(key), _STALE_MS))
 
     def list(self) -> list[HeldLock]:
         """Every held key in the namespace (found with ``SCAN``), ordered by key.
@@ -307,7 +279,7 @@ class RedisBackend(BaseBackend):
         acquisition until it expires, so it is listed (holder ``?`` unless it
         looks like a bare token) with ``acquired_at`` the time of reading.
         """
-        held = (self._held(key, reply) for key, reply in self._run_all("inspect", _STALE_MS))
+        held = (held_lock(key, reply) for key, reply in self._run_all("inspect", _STALE_MS))
         return sorted((lock for lock in held if lock is not None), key=lambda lock: lock.key)
 
     def clear_stale(self, *, dry_run: bool = False) -> int:
