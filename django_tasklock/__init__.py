@@ -11,6 +11,7 @@ from django_tasklock.exceptions import (
     SyncLockInAsyncContext,
     TaskLockError,
 )
+from django_tasklock.leadership import Leadership
 from django_tasklock.lock import Lock
 from django_tasklock.loss import checkpoint, current_lock
 from django_tasklock.options import LockKwargs
@@ -33,6 +34,7 @@ __all__ = [
     "BaseBackend",
     "HeldLock",
     "Holder",
+    "Leadership",
     "Lock",
     "LockKwargs",
     "LockLost",
