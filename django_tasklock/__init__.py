@@ -6,6 +6,7 @@ from django_tasklock import reasons
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.decorators import exclusive
 from django_tasklock.exceptions import (
+    AlreadyEnqueued,
     LockLost,
     LockNotAcquired,
     SyncLockInAsyncContext,
@@ -31,6 +32,7 @@ from django_tasklock.signals import (
 )
 
 __all__ = [
+    "AlreadyEnqueued",
     "BaseBackend",
     "HeldLock",
     "Holder",

@@ -1,4 +1,5 @@
-"""Celery: one active ``celery beat`` among many (:class:`LeaderScheduler`).
+"""Celery: one active ``celery beat`` among many (:class:`LeaderScheduler`), and no
+duplicate enqueues (:class:`UniqueTask`, ``unique_on=``).
 
 ``celery beat --scheduler django_tasklock.contrib.celery:LeaderScheduler`` (or
 ``beat_scheduler``) runs Celery's default scheduler, firing only while this beat
@@ -15,8 +16,9 @@ from django_tasklock.contrib import require
 require("celery")
 
 from django_tasklock.contrib.celery.beat import LeaderMixin, LeaderScheduler  # noqa: E402
+from django_tasklock.contrib.celery.unique import UniqueTask  # noqa: E402
 
-__all__ = ["LeaderDatabaseScheduler", "LeaderMixin", "LeaderScheduler"]
+__all__ = ["LeaderDatabaseScheduler", "LeaderMixin", "LeaderScheduler", "UniqueTask"]
 
 
 def __getattr__(name: str) -> Any:
