@@ -136,3 +136,33 @@ def test_celery_unique_task_frees_the_key_when_the_message_cannot_be_sent(key: s
     with pytest.raises(Exception):  # noqa: B017, PT011 - kombu's connection error
         job.delay("x")
     assert get_backend().peek(f"{key}:x") is None
+
+
+@pytest.mark.databases
+def test_celery_unique_task_runs_under_the_claim_it_carries_and_a_revoke_frees_it(
+    key: str,
+) -> None:
+    """In this process (``apply()``, the ``task_revoked`` signal): what the worker does."""
+    processes.require_module("celery")
+    from celery import Celery
+    from celery.app.task import Context
+    from celery.signals import task_revoked
+
+    from django_tasklock.backends import get_backend
+    from django_tasklock.contrib.celery import UniqueTask
+    from django_tasklock.contrib.celery.unique import HEADER
+
+    app = Celery("in-process", broker="memory://", set_as_current=False)
+
+    @app.task(base=UniqueTask, unique_on="{name}", shared=False)  # type: ignore[untyped-decorator]
+    def job(name: str) -> bool:
+        return get_backend().peek(name) is not None  # held while it runs
+
+    token = claim(key, ttl=60)
+    assert job.apply((key,), headers={HEADER: [key, token]}).get() is True
+    assert get_backend().peek(key) is None  # freed when it ended
+    assert job.apply((key,)).get() is False  # no claim carried: runs, holds nothing
+    token = claim(key, ttl=60)
+    request = Context({"headers": {HEADER: [key, token]}})
+    task_revoked.send(sender=job, request=request, terminated=False, signum=None, expired=False)
+    assert get_backend().peek(key) is None

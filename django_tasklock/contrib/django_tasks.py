@@ -62,7 +62,7 @@ class _Unique:
         self.ttl = to_timedelta("ttl", ttl)
 
     def key(self, task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        if task.takes_context:  # the worker passes the context first; it makes no key
+        if getattr(task, "takes_context", False):  # the worker passes the context first
             args = (None, *args)
         return self.keys(args, kwargs)
 
