@@ -64,8 +64,8 @@ def test_one_scheduler_leads_the_others_wait_the_retry_interval(make: Any) -> No
     assert first.leadership.is_leader
     assert second.tick() == 0.25  # a standby looks again after retry_interval
     assert not second.leadership.is_leader
-    assert "tasklock: leader of" in first.info
-    assert "tasklock: standby of" in second.info
+    assert "tasklock: one active beat, elected by 'beat-" in first.info
+    assert "(ttl 5 s)" in second.info
 
 
 def test_a_new_leader_counts_every_entry_as_run_when_it_took_over(make: Any) -> None:

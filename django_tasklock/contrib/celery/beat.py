@@ -89,9 +89,10 @@ class LeaderMixin:
 
     @property
     def info(self) -> str:
-        state = "leader" if self.leadership.is_leader else "standby"
+        """For beat's banner (printed before the first tick: before any election)."""
         base: str = super().info  # type: ignore[misc]
-        lead = f"tasklock: {state} of {self.leadership.key!r}"
+        ttl = self.leadership.ttl.total_seconds()
+        lead = f"tasklock: one active beat, elected by {self.leadership.key!r} (ttl {ttl:g} s)"
         return f"{base}\n{lead}" if base else lead
 
 
