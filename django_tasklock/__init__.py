@@ -6,12 +6,14 @@ from django_tasklock import reasons
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.decorators import exclusive
 from django_tasklock.exceptions import (
+    AlreadyEnqueued,
     LockLost,
     LockNotAcquired,
     ReplicationNotConfirmed,
     SyncLockInAsyncContext,
     TaskLockError,
 )
+from django_tasklock.leadership import Leadership
 from django_tasklock.lock import Lock
 from django_tasklock.loss import checkpoint, current_lock
 from django_tasklock.options import LockKwargs
@@ -31,9 +33,11 @@ from django_tasklock.signals import (
 )
 
 __all__ = [
+    "AlreadyEnqueued",
     "BaseBackend",
     "HeldLock",
     "Holder",
+    "Leadership",
     "Lock",
     "LockKwargs",
     "LockLost",

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from django.core.exceptions import SynchronousOnlyOperation
+
+if TYPE_CHECKING:
+    from django_tasklock.backends.base import HeldLock
 
 
 class TaskLockError(Exception):
@@ -91,3 +95,23 @@ class SyncLockInAsyncContext(TaskLockError, SynchronousOnlyOperation):
     sync-only calls raise there, and a ``TaskLockError``. As for Django, the
     ``DJANGO_ALLOW_ASYNC_UNSAFE`` environment variable lifts the check.
     """
+
+
+class AlreadyEnqueued(TaskLockError):
+    """An enqueue with ``unique_on=`` was refused: an identical task is queued or running.
+
+    ``key`` is the unique key the task's arguments gave; ``holder`` is who holds
+    it (the process that enqueued it, while it waits; host and pid) with its
+    expiry, or None when the key changed hands while it was looked at.
+    """
+
+    def __init__(self, key: str, held: HeldLock | None = None) -> None:
+        self.key = key
+        self.held = held
+        by = ""
+        if held is not None:
+            by = f" (held by {held.holder} until {held.expires_at:%Y-%m-%d %H:%M:%S} UTC)"
+        super().__init__(f"Not enqueued: an identical task holds unique key {key!r}{by}.")
+
+    def __reduce__(self) -> tuple[type[AlreadyEnqueued], tuple[str, HeldLock | None]]:
+        return type(self), (self.key, self.held)

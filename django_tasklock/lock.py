@@ -216,8 +216,18 @@ class Lock(AsyncLockMethods):
         self.seen = None  # an insert that fails says nothing of who holds the key
         return self._grant(backend), None
 
+    def _new_token(self) -> str:
+        """The token of the next grant (a subclass may hand over one issued before)."""
+        return new_token()
+
+    def _ask(self, backend: BaseBackend, token: str) -> bool:
+        """Ask the storage for the lease; True when granted."""
+        return backend.acquire(
+            self.key, token, ttl=self.options.ttl, max_lifetime=self.options.max_lifetime
+        )
+
     def _grant(self, backend: BaseBackend) -> bool:
-        token = new_token()
+        token = self._new_token()
         lease = Lease(
             backend,
             self.key,
@@ -232,9 +242,7 @@ class Lock(AsyncLockMethods):
         # to fence it, we release by the token, which deletes nothing if the
         # lease was not granted.
         try:
-            granted = backend.acquire(
-                self.key, token, ttl=self.options.ttl, max_lifetime=self.options.max_lifetime
-            )
+            granted = self._ask(backend, token)
             fence = backend.fence(self.key, token) if granted and self.fencing else None
         except BaseException:
             discard(backend, self.key, token)

@@ -53,3 +53,9 @@ def wait_for(path: Path, timeout: float = PATIENCE) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} did not appear within {timeout} s")
         time.sleep(0.05)
+
+
+def ran(name: str, signals: str) -> None:
+    """Append this process's pid to ``<signals>/<name>.runs`` (one line per run)."""
+    with (Path(signals) / f"{name}.runs").open("a") as runs:
+        runs.write(f"{os.getpid()}\n")

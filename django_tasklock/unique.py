@@ -1,0 +1,135 @@
+"""No duplicate enqueues: at most one identical task queued or running (``unique_on=``).
+
+This is not run-time exclusion (``@exclusive``, which lets any number of
+identical tasks into the queue and skips those that start while one runs).
+Here the *enqueue* is refused while an identical task is queued or running.
+
+A claim is a lease. The caller that enqueues takes it, under a fresh token
+that travels with the task (:func:`claim`). The worker that runs the task takes
+the same lease over by that token (:class:`ClaimedLock`), keeps it alive with
+the heartbeat while the task runs, and releases it when the task ends, whether
+it returned or raised. Nobody ever has to clear a flag: a task whose worker
+died, or that never reaches a worker, frees its key when the lease runs out,
+``ttl`` after the last refresh (or after the enqueue, while it waits).
+
+The task framework integrations (``django_tasklock.contrib.celery``,
+``django_tasklock.contrib.django_tasks``) build on these three pieces.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+from django_tasklock import loss
+from django_tasklock.backends import get_backend
+from django_tasklock.backends.base import BaseBackend
+from django_tasklock.durations import Duration
+from django_tasklock.exceptions import AlreadyEnqueued
+from django_tasklock.lease import new_token
+from django_tasklock.lock import Lock
+from django_tasklock.options import LockOptions, validate_key
+
+T = TypeVar("T")
+
+logger = logging.getLogger("django_tasklock")
+
+
+def claim(key: str, *, ttl: Duration, backend: BaseBackend | None = None) -> str:
+    """Take ``key`` for a task about to be enqueued; return the token to send with it.
+
+    The lease lasts ``ttl`` unless a worker starts the task and keeps it alive.
+
+    Raises:
+        AlreadyEnqueued: an identical task (same key) is queued or running.
+        TypeError, ValueError: a bad key or ttl, naming it; nothing is written.
+        The storage's own error when it cannot be reached (never "already enqueued").
+    """
+    validate_key(key)
+    options = LockOptions.resolve(ttl=ttl)
+    storage = backend if backend is not None else get_backend()
+    # A read first: while the key is held (a burst of the same enqueue), no
+    # failed INSERT for PostgreSQL to log.
+    held = storage.peek(key)
+    if held is None:
+        token = new_token()
+        if storage.acquire(key, token, ttl=options.ttl, max_lifetime=options.max_lifetime):
+            return token
+    raise AlreadyEnqueued(key, held)
+
+
+def unclaim(key: str, token: str, *, backend: BaseBackend | None = None) -> None:
+    """Free the key of a task that will not run (its send failed, it was revoked).
+
+    Deletes nothing but that task's own lease; a storage error is logged, and
+    the lease then runs out by itself.
+    """
+    storage = backend if backend is not None else get_backend()
+    try:
+        storage.release(key, token)
+    except Exception:
+        logger.warning(
+            "Freeing the unique key %r failed; it is free once its ttl has passed.",
+            key,
+            exc_info=True,
+        )
+
+
+class ClaimedLock(Lock):
+    """The lease a task's enqueue took, taken over by the worker that runs the task.
+
+    Acquiring it succeeds when the lease is still the task's (or has run out
+    with nobody else taking the key), and extends it to ``ttl`` from now at
+    once; it fails when an identical task enqueued since holds the key.
+    From then on it is a :class:`Lock` like any other: kept alive by the
+    heartbeat, released when the task ends.
+    """
+
+    def __init__(self, key: str, token: str, *, ttl: Duration, **options: object) -> None:
+        super().__init__(key, ttl=ttl, **options)  # type: ignore[arg-type]
+        self._claim = token
+
+    def _new_token(self) -> str:
+        return self._claim
+
+    def _ask(self, backend: BaseBackend, token: str) -> bool:
+        # A lease still live keeps the expiry the enqueue gave it: extend it now,
+        # so that it lasts as long as this lock's local deadline says.
+        return super()._ask(backend, token) and backend.refresh(
+            self.key, token, ttl=self.options.ttl, max_lifetime=self.options.max_lifetime
+        )
+
+
+def run_claimed(
+    key: str,
+    token: str,
+    fn: Callable[[], T],
+    *,
+    ttl: Duration,
+    name: str = "task",
+    backend: BaseBackend | None = None,
+) -> tuple[bool, T | None]:
+    """Run ``fn()`` under the task's claim, then free the key: ``(ran, result)``.
+
+    When an identical task enqueued since holds the key (this one waited in
+    the queue longer than ``ttl``), ``fn`` does not run: ``(False, None)``,
+    logged at INFO. Whatever ``fn`` raises propagates, after the release.
+    """
+    lock = ClaimedLock(key, token, ttl=ttl, backend=backend)
+    if not lock.try_acquire():
+        logger.info(
+            "Not running %s: its unique key %r was held by an identical task enqueued "
+            "after it (it waited longer than its ttl).",
+            name,
+            key,
+        )
+        return False, None
+    try:
+        context = loss.enter(lock, stop=False)
+        try:
+            return True, fn()
+        finally:
+            loss.leave(context)
+    finally:
+        lock.release()

@@ -1,0 +1,71 @@
+"""One active APScheduler 3 scheduler among three: real scheduler processes.
+
+Three processes (``tests/jobs/apscheduler_leader.py``) run a job due every
+whole second, each through ``django_tasklock.contrib.apscheduler.LeaderExecutor``;
+each run is recorded with the second it was due for. Halfway, the leader is
+killed with SIGKILL. Every second runs once at most, and none is missing except
+in the failover window (the jobs do not coalesce and may run up to a minute
+late, so a loaded machine loses no run). Half as long as the Celery beat test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from django.db import connections
+
+from tests import leader_runs, processes, services
+from tests.leader_runs import RETRY, SECONDS, SLACK, TTL, read_runs, wait_until
+
+pytestmark = [pytest.mark.databases, pytest.mark.slow]
+
+
+@pytest.mark.parametrize("store", ["postgres", "redis"])
+def test_three_schedulers_run_each_second_once_and_a_standby_takes_over_from_a_killed_leader(
+    store: str, tmp_path: Path
+) -> None:
+    processes.require_module("apscheduler")
+    import redis
+
+    run = uuid.uuid4().hex[:8]
+    runs_list = f"tasklock-apscheduler-tests:{run}:runs"
+    env = {
+        **leader_runs.lock_store(store),
+        "DJANGO_SETTINGS_MODULE": "tests.jobs.lock_settings",
+        "TASKLOCK_TEST_SQLITE": str(connections["default"].settings_dict["NAME"]),
+        "TASKLOCK_TEST_TICKS": runs_list,
+        "TASKLOCK_TEST_BEAT_KEY": f"apscheduler-tests:{run}",
+        "TASKLOCK_TEST_BEAT_TTL": str(TTL),
+    }
+    client = redis.Redis.from_url(os.environ[services.REDIS_ENV])
+    half = SECONDS / 4
+    try:
+        with contextlib.ExitStack() as schedulers:
+            pids = [
+                schedulers.enter_context(
+                    processes.worker(
+                        ["tests.jobs.apscheduler_leader"], env, tmp_path / f"scheduler-{n}.log"
+                    )
+                ).pid
+                for n in range(3)
+            ]
+            wait_until(lambda: client.llen(runs_list) > 0, 90, "no run was recorded")
+            time.sleep(half)
+            leader = read_runs(client, runs_list)[-1][1]
+            assert leader in pids
+            os.kill(leader, signal.SIGKILL)
+            killed = time.time()
+            time.sleep(max(half, TTL + RETRY + 1 + SLACK + 5))
+            stopped = time.time()
+        runs = read_runs(client, runs_list)
+    finally:
+        client.delete(runs_list)
+        client.close()
+
+    leader_runs.check(runs, pids=pids, leader=leader, killed=killed, stopped=stopped)
