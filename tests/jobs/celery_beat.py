@@ -29,7 +29,7 @@ queue = os.environ.get("TASKLOCK_TEST_CELERY_QUEUE", "tasklock-beat-tests")
 TICKS = os.environ.get("TASKLOCK_TEST_TICKS", "tasklock-beat-tests:ticks")
 
 
-class EverySecond(schedules.schedule):  # type: ignore[misc]
+class EverySecond(schedules.schedule):
     """Due at every whole second (UTC) after the entry's last run; one run per due call.
 
     Like Celery's crontab, runs missed while beat was late collapse into one.
