@@ -70,6 +70,10 @@ HUEY = {
     "results": True,
 }
 
+# django-rq's @job (docs/rq.md's example, run by tests/test_readme.py) reads its
+# queues from here; tests/test_rq.py's workers use queues of their own.
+RQ_QUEUES = {"default": {"URL": REDIS_URL or "redis://127.0.0.1:6379/15"}}
+
 # The admin page of held locks (tests/test_admin.py, tests/test_admin_browser.py).
 ROOT_URLCONF = "tests.urls"
 STATIC_URL = "/static/"
