@@ -22,7 +22,9 @@ from tests.conftest import DATABASE_ALIASES, require_service
 
 pytestmark = pytest.mark.databases
 
-TTL, INTERVAL = 3.0, 0.1
+# Leases due within half an interval of each other share a tick: 0.25 s covers
+# three acquisitions one after another on a loaded machine (0.05 s did not).
+TTL, INTERVAL = 3.0, 0.5
 
 
 class Recording(DatabaseBackend):
@@ -59,6 +61,11 @@ def test_the_batch_is_reused_until_a_lease_leaves_or_joins(alias: str, key: str)
     for lock in locks:
         lock.acquire()
     try:
+        wait_until(
+            lambda: bool(backend.calls)
+            and {item.key for item in backend.calls[-1][0]} == {lock.key for lock in locks},
+            timeout=20,
+        )
         first, second = _ticks_after(backend, 2)[-2:]
         assert second[0] is first[0]  # the same tuple: nothing rebuilt
         assert backend._batch is not None
