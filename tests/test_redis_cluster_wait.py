@@ -24,6 +24,7 @@ from redis.cluster import RedisCluster
 from django_tasklock import ReplicationNotConfirmed
 from django_tasklock.backends.base import storage_key
 from django_tasklock.backends.redis import RedisBackend
+from django_tasklock.backends.redis.scripts import tombstone_key
 from django_tasklock.service import new_token
 from tests import replication
 from tests.servers import PrivateRedis, free_port, private_redis
@@ -134,7 +135,12 @@ def test_a_slot_moved_during_the_call_is_confirmed_where_the_lease_landed(
     first_id = one.execute_command("CLUSTER", "MYID")
     for node in (two, one):  # the owner gives it up first
         node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", first_id)
+    token = new_token()
     with pytest.raises(ReplicationNotConfirmed) as raised:
-        backend.acquire(key, new_token(), ttl=LEASE, max_lifetime=LEASE)
+        backend.acquire(key, token, ttl=LEASE, max_lifetime=LEASE)
     assert raised.value.confirmed == 0
-    assert one.exists(storage_key(key)) == 1  # it landed on the first master
+    # Released by its token, in the lease's slot: the lease landed on the first
+    # master, and its release left the tombstone there.
+    assert raised.value.released
+    assert one.exists(storage_key(key)) == 0
+    assert one.exists(tombstone_key(key, token)) == 1
