@@ -87,6 +87,29 @@ def test_a_job_whose_key_is_held_is_skipped_and_says_so_in_its_meta(
     assert "tasklock" not in first.meta
 
 
+def test_a_job_that_runs_after_it_was_skipped_no_longer_says_skipped(
+    queue: Any, tmp_path: Path
+) -> None:
+    """The same job (same id) run again (here by ``requeue()``; RQ's ``Retry`` and
+    ``Repeat`` do the same): its meta says what its latest run did."""
+    key = f"{RUN}-again"
+    holder = queue.enqueue("tests.jobs.rq_jobs.hold_key", key, "holder", str(tmp_path))
+    wait_for(tmp_path / "holder.holding")
+    job = queue.enqueue("tests.jobs.rq_jobs.run_or_fail", key)
+    deadline = time.monotonic() + PATIENCE
+    while job.get_status(refresh=True).value != "failed":  # on_locked raised: key held
+        assert time.monotonic() < deadline, f"job {job.id} still {job.get_status()}"
+        time.sleep(0.05)
+    job.refresh()
+    assert job.meta["tasklock"] == {"skipped": True, "key": f"rq:{key}"}
+    (tmp_path / "holder.release").touch()
+    assert outcome(holder) == "ran:holder"
+    job.requeue()
+    assert outcome(job) == "ran"
+    job.refresh()
+    assert "tasklock" not in job.meta
+
+
 def test_jobs_of_different_keys_run_at_the_same_time(queue: Any, tmp_path: Path) -> None:
     one = queue.enqueue("tests.jobs.rq_jobs.hold_key", f"{RUN}-one", "one", str(tmp_path))
     two = queue.enqueue("tests.jobs.rq_jobs.hold_key", f"{RUN}-two", "two", str(tmp_path))

@@ -14,8 +14,11 @@ exists in Redis; it does not stop two runs of one function with different ids.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+from asgiref.sync import iscoroutinefunction
 
 from django_tasklock.callables import validate_callable
 from django_tasklock.contrib import require
@@ -80,6 +83,10 @@ def exclusive(
     ``{"skipped": True, "key": <the key>}``, saved to Redis. Outside a job
     (a direct call) it is :func:`django_tasklock.exclusive`.
 
+    A job that holds its key and runs has no ``"tasklock"`` entry: a mark
+    left by an earlier, skipped run of the same job (RQ's ``Retry``,
+    ``requeue()``, ``Repeat``) is taken off.
+
     RQ's ``@job`` below it is a ``TypeError``: the worker would run the
     function without the lock.
     """
@@ -106,9 +113,32 @@ def exclusive(
 
         return core_exclusive(
             key=spec, on_locked=held, on_lost=on_lost, service=service, **options
-        )(func)
+        )(unmarking(func))
 
     return decorate
+
+
+def unmarking(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func``, first taking an earlier run's skip mark off the job's meta.
+
+    The same job (same id) runs again after RQ's ``Retry``, ``requeue()`` or
+    ``Repeat``: once it holds its key, its meta must not say it was skipped.
+    """
+    if iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def run_async(*args: Any, **kwargs: Any) -> Any:
+            unmark_skipped()
+            return await func(*args, **kwargs)
+
+        return run_async
+
+    @functools.wraps(func)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        unmark_skipped()
+        return func(*args, **kwargs)
+
+    return run
 
 
 def mark_skipped(key: str) -> None:
@@ -116,6 +146,14 @@ def mark_skipped(key: str) -> None:
     job = get_current_job()
     if job is not None:
         job.meta[META_KEY] = {"skipped": True, "key": key}
+        job.save_meta()  # type: ignore[no-untyped-call]
+
+
+def unmark_skipped() -> None:
+    """Take the skip mark off the running job's meta, if an earlier run left one."""
+    job = get_current_job()
+    if job is not None and META_KEY in job.meta:
+        del job.meta[META_KEY]
         job.save_meta()  # type: ignore[no-untyped-call]
 
 
