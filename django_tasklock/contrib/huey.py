@@ -83,7 +83,9 @@ class TaskLock:
     The other lock options (``refresh_interval``, ``max_lifetime``, ``wait``,
     ``min_hold``, ``fencing``, ``progress_timeout``) and ``on_lost`` (for the
     decorator) are those of ``@exclusive``; all are checked now, before
-    anything is written.
+    anything is written. Telemetry (``tasklock.name``) calls the decorator's
+    lock by ``name``; the context manager's name may be rendered per call
+    (``f"rebuild:{day}"``), so it is not reported.
 
     One object may be shared by threads (a decorator's is): each use takes a
     lock of its own, and ``acquire()`` and ``release()`` pair up per thread.
@@ -136,8 +138,10 @@ class TaskLock:
         def held(*args: Any, **kwargs: Any) -> Any:
             raise TaskLockedException(f"unable to acquire lock {name}")
 
+        # The decorator's name is fixed: telemetry calls the lock by it (tasklock.name).
+        options: LockKwargs = {"name": name, **self.options}
         decorate = exclusive(
-            key=key, on_locked=held, on_lost=self.on_lost, service=self.service, **self.options
+            key=key, on_locked=held, on_lost=self.on_lost, service=self.service, **options
         )
         return cast("F", decorate(fn))
 
