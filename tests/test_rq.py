@@ -169,6 +169,27 @@ def test_a_simple_worker_in_this_process_marks_the_skipped_job(tmp_path: Path) -
         forget(rq_queue)
 
 
+@pytest.mark.databases
+def test_a_skipped_call_inside_another_job_leaves_that_jobs_meta_alone(tmp_path: Path) -> None:
+    """A job that ran, calling an ``@exclusive`` function whose key was held: the job was
+    not skipped, and its meta does not say so."""
+    processes.require_module("rq")
+    import redis
+    from rq import Queue, SimpleWorker
+
+    connection = redis.Redis.from_url(processes.redis_url())
+    rq_queue = Queue(f"tasklock-tests-{RUN}-nested", connection=connection)
+    try:
+        job = rq_queue.enqueue("tests.jobs.rq_jobs.calls_quick", f"{RUN}-nested")
+        with TaskLockService().lock(f"rq:{RUN}-nested", ttl=60):
+            assert SimpleWorker([rq_queue], connection=rq_queue.connection).work(burst=True)
+        job.refresh()  # type: ignore[no-untyped-call]
+        assert job.return_value() == "called:None"  # it ran; the call inside was skipped
+        assert "tasklock" not in job.meta
+    finally:
+        forget(rq_queue)
+
+
 def test_rq_job_below_exclusive_is_a_type_error_naming_the_order() -> None:
     processes.require_module("rq")
     from rq.decorators import job

@@ -45,3 +45,13 @@ def refuse(key: str) -> str:
 def run_or_fail(key: str) -> str:
     """Fails while ``rq:key`` is held (then requeued by the test, it runs)."""
     return "ran"
+
+
+@exclusive("rq:{key}", ttl=60)
+def quick(key: str) -> str:
+    return "quick"
+
+
+def calls_quick(key: str) -> str:
+    """A job (no lock of its own) calling an ``@exclusive`` function: its meta is its own."""
+    return f"called:{quick(key)}"
