@@ -27,13 +27,15 @@ def telemetry() -> Iterator[Telemetry]:
     yield from observed()
 
 
+@pytest.mark.parametrize("short", [False, True])
 def test_an_error_whose_text_names_the_key_puts_no_key_on_the_span(
-    telemetry: Telemetry, key: str
+    telemetry: Telemetry, key: str, short: bool
 ) -> None:
     """A master with no replica and ``min_replicas=1``: the grant is never confirmed, and
     ``ReplicationNotConfirmed`` says so naming the key. The span keeps the error's type
     and text, without the key: "never a raw key" holds for the status and the event too."""
     require_service("redis")
+    key = "e" if short else key  # a one-letter key: the rest of the text stays readable
     with private_redis() as master:
         backend = RedisBackend(url=master.url, min_replicas=1, replica_timeout=0.2)
         try:
@@ -52,7 +54,9 @@ def test_an_error_whose_text_names_the_key_puts_no_key_on_the_span(
     assert "was not acquired" in str(event.attributes["exception.message"])
     assert "ReplicationNotConfirmed" in str(event.attributes["exception.stacktrace"])
     assert "was not acquired" in str(acquire.status.description)
-    assert key not in acquire.to_json()
+    assert str(acquire.status.description).startswith("Task lock <key> was not acquired: ")
+    if not short:
+        assert key not in acquire.to_json()
 
 
 def test_an_async_waiter_cancelled_leaves_no_span_open_and_no_count_behind(

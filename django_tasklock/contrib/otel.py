@@ -14,6 +14,7 @@ from django_tasklock.contrib import require
 
 require("otel")
 
+import re  # noqa: E402
 import time  # noqa: E402 - after require(): a missing extra says so first
 import traceback  # noqa: E402
 import weakref  # noqa: E402
@@ -262,8 +263,14 @@ def _record_error(span: trace.Span, exc: BaseException, key: str) -> None:
     An error may name the key (``ReplicationNotConfirmed`` does): the span must not.
     """
 
+    # One pass (no "<key>" rewritten again); a key that starts or ends with a word
+    # character only where it is not part of a longer word ("e" in "acquired").
+    before = r"(?<!\w)" if re.match(r"\w", key[:1]) else ""
+    after = r"(?!\w)" if re.match(r"\w", key[-1:]) else ""
+    found = re.compile(f"{re.escape(repr(key))}|{before}{re.escape(key)}{after}")
+
     def keyless(text: str) -> str:
-        return text.replace(repr(key), "<key>").replace(key, "<key>")
+        return found.sub("<key>", text)
 
     message = keyless(str(exc))
     trace_text = keyless("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
