@@ -171,6 +171,15 @@ def test_the_context_manager_raises_hueys_exception_while_held(contrib: Any, key
     assert not contrib.lock_task(key).is_locked()
 
 
+def test_called_as_hueys_own_with_lock_name_by_keyword(contrib: Any, key: str) -> None:
+    """Huey's is ``huey.lock_task(lock_name, ttl=None)`` (djhuey's ``lock_task`` is it):
+    a project that names the argument keeps working."""
+    with contrib.lock_task(lock_name=key, ttl=60) as held:
+        assert held.key == key
+    with pytest.raises(ValueError, match="lock_name must not be empty"):
+        contrib.lock_task(lock_name="")
+
+
 def test_the_decorator_runs_when_free_and_raises_when_held(contrib: Any, key: str) -> None:
     from huey.exceptions import TaskLockedException
 

@@ -87,6 +87,29 @@ def test_a_job_whose_key_is_held_is_skipped_and_says_so_in_its_meta(
     assert "tasklock" not in first.meta
 
 
+def test_a_job_that_runs_after_it_was_skipped_no_longer_says_skipped(
+    queue: Any, tmp_path: Path
+) -> None:
+    """The same job (same id) run again (here by ``requeue()``; RQ's ``Retry`` and
+    ``Repeat`` do the same): its meta says what its latest run did."""
+    key = f"{RUN}-again"
+    holder = queue.enqueue("tests.jobs.rq_jobs.hold_key", key, "holder", str(tmp_path))
+    wait_for(tmp_path / "holder.holding")
+    job = queue.enqueue("tests.jobs.rq_jobs.run_or_fail", key)
+    deadline = time.monotonic() + PATIENCE
+    while job.get_status(refresh=True).value != "failed":  # on_locked raised: key held
+        assert time.monotonic() < deadline, f"job {job.id} still {job.get_status()}"
+        time.sleep(0.05)
+    job.refresh()
+    assert job.meta["tasklock"] == {"skipped": True, "key": f"rq:{key}"}
+    (tmp_path / "holder.release").touch()
+    assert outcome(holder) == "ran:holder"
+    job.requeue()
+    assert outcome(job) == "ran"
+    job.refresh()
+    assert "tasklock" not in job.meta
+
+
 def test_jobs_of_different_keys_run_at_the_same_time(queue: Any, tmp_path: Path) -> None:
     one = queue.enqueue("tests.jobs.rq_jobs.hold_key", f"{RUN}-one", "one", str(tmp_path))
     two = queue.enqueue("tests.jobs.rq_jobs.hold_key", f"{RUN}-two", "two", str(tmp_path))
@@ -142,6 +165,27 @@ def test_a_simple_worker_in_this_process_marks_the_skipped_job(tmp_path: Path) -
         assert job.get_status().value == "finished"
         assert job.return_value() is None
         assert job.meta["tasklock"] == {"skipped": True, "key": f"rq:{RUN}-simple"}
+    finally:
+        forget(rq_queue)
+
+
+@pytest.mark.databases
+def test_a_skipped_call_inside_another_job_leaves_that_jobs_meta_alone(tmp_path: Path) -> None:
+    """A job that ran, calling an ``@exclusive`` function whose key was held: the job was
+    not skipped, and its meta does not say so."""
+    processes.require_module("rq")
+    import redis
+    from rq import Queue, SimpleWorker
+
+    connection = redis.Redis.from_url(processes.redis_url())
+    rq_queue = Queue(f"tasklock-tests-{RUN}-nested", connection=connection)
+    try:
+        job = rq_queue.enqueue("tests.jobs.rq_jobs.calls_quick", f"{RUN}-nested")
+        with TaskLockService().lock(f"rq:{RUN}-nested", ttl=60):
+            assert SimpleWorker([rq_queue], connection=rq_queue.connection).work(burst=True)
+        job.refresh()  # type: ignore[no-untyped-call]
+        assert job.return_value() == "called:None"  # it ran; the call inside was skipped
+        assert "tasklock" not in job.meta
     finally:
         forget(rq_queue)
 

@@ -43,7 +43,8 @@ class TaskLock(DjangoCronJobLock):  # type: ignore[misc]  # django-cron is untyp
     Bad ones are a ``TypeError`` or ``ValueError`` naming the option, which
     ``runcrons`` records as the job's failure; so is a storage that cannot be
     reached (never taken for "held"). ``ALLOW_PARALLEL_RUNS = True`` takes no
-    lock, as with every django-cron backend. While ``do()`` runs,
+    lock, as with every django-cron backend. Telemetry names the lock by its
+    key (a ``name`` option says otherwise). While ``do()`` runs,
     ``django_tasklock.current_lock()`` is the job's lock (``.lost``, ``.fence``).
     """
 
@@ -64,7 +65,8 @@ class TaskLock(DjangoCronJobLock):  # type: ignore[misc]  # django-cron is untyp
                 "not cron jobs"
             )
         self.key = f"{KEY_PREFIX}{self.job_code}"
-        self.task_lock: Lock = lock(self.key, **options)
+        # One key per job: telemetry names the lock by it (tasklock.name).
+        self.task_lock: Lock = lock(self.key, **{"name": self.key, **options})
         self._context: Token[loss.Holding | None] | None = None
 
     def lock(self) -> bool:

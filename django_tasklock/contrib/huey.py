@@ -7,7 +7,7 @@ Huey's own ``TaskLockedException``, so a task's ``retries=`` retry it and
 ``SIGNAL_LOCKED`` is sent. The lock is django-tasklock's: a lease kept alive
 by the heartbeat while the task runs, freed by itself when a consumer dies
 (no ``run_huey --flush-locks`` needed), listed by ``manage.py tasklock`` and
-the admin page. Its key is ``name`` itself.
+the admin page. Its key is ``lock_name`` itself.
 """
 
 from __future__ import annotations
@@ -54,27 +54,27 @@ class LockTaskOptions(TypedDict, total=False):
 
 
 def lock_task(
-    name: str,
+    lock_name: str,
     ttl: Duration | None = None,
     *,
     on_lost: OnLost = "continue",
     service: TaskLockService | None = None,
     **options: Unpack[LockTaskOptions],
 ) -> TaskLock:
-    """Huey's ``lock_task(name, ttl=None)``, with a lease: see :class:`TaskLock`."""
-    return TaskLock(name, ttl, on_lost=on_lost, service=service, **options)
+    """Huey's ``lock_task(lock_name, ttl=None)``, with a lease: see :class:`TaskLock`."""
+    return TaskLock(lock_name, ttl, on_lost=on_lost, service=service, **options)
 
 
 class TaskLock:
-    """At most one holder of ``name`` at a time; ``TaskLockedException`` for the others.
+    """At most one holder of ``lock_name`` at a time; ``TaskLockedException`` for the others.
 
     As a decorator (below ``@huey.task()`` / ``@db_task()``, as Huey's own)
     it holds the lock while the function runs; as a context manager, for the
     block (``with lock_task("reports") as lock:`` gives the
     :class:`~django_tasklock.Lock`: ``lock.lost``, ``lock.fence``). When
-    another holder has ``name``, the work does not run: one INFO line and
+    another holder has ``lock_name``, the work does not run: one INFO line and
     ``lock_skipped`` say who holds it, then ``TaskLockedException("unable to
-    acquire lock <name>")`` is raised, which Huey's consumer turns into
+    acquire lock <lock_name>")`` is raised, which Huey's consumer turns into
     ``SIGNAL_LOCKED`` and, while the task has retries left, a retry.
 
     ``ttl`` is the lease (seconds or timedelta; default ``TASKLOCK_DEFAULTS``'
@@ -83,7 +83,9 @@ class TaskLock:
     The other lock options (``refresh_interval``, ``max_lifetime``, ``wait``,
     ``min_hold``, ``fencing``, ``progress_timeout``) and ``on_lost`` (for the
     decorator) are those of ``@exclusive``; all are checked now, before
-    anything is written.
+    anything is written. Telemetry (``tasklock.name``) calls the decorator's
+    lock by ``lock_name``; the context manager's name may be rendered per call
+    (``f"rebuild:{day}"``), so it is not reported.
 
     One object may be shared by threads (a decorator's is): each use takes a
     lock of its own, and ``acquire()`` and ``release()`` pair up per thread.
@@ -91,7 +93,7 @@ class TaskLock:
 
     def __init__(
         self,
-        name: str,
+        lock_name: str,
         ttl: Duration | None = None,
         *,
         on_lost: OnLost = "continue",
@@ -99,16 +101,16 @@ class TaskLock:
         **options: Unpack[LockTaskOptions],
     ) -> None:
         try:
-            validate_key(name)
-        except (TypeError, ValueError) as exc:  # the messages say "key"; here it is "name"
-            raise type(exc)(f"name{str(exc).removeprefix('key')}") from None
+            validate_key(lock_name)
+        except (TypeError, ValueError) as exc:  # the messages say "key"; Huey's is "lock_name"
+            raise type(exc)(f"lock_name{str(exc).removeprefix('key')}") from None
         check_lock_kwargs(options)
         if "cancel_on_loss" in options:
             raise TypeError("lock_task() takes on_lost='raise', not cancel_on_loss")
         if not isinstance(on_lost, str) or on_lost not in ON_LOST:
             error = ValueError if isinstance(on_lost, str) else TypeError
             raise error(f"on_lost must be one of {ON_LOST}, not {on_lost!r}")
-        self.name = name
+        self.name = lock_name
         self.options = cast("LockKwargs", dict(options))
         if ttl is not None:
             self.options["ttl"] = ttl
@@ -136,8 +138,10 @@ class TaskLock:
         def held(*args: Any, **kwargs: Any) -> Any:
             raise TaskLockedException(f"unable to acquire lock {name}")
 
+        # The decorator's name is fixed: telemetry calls the lock by it (tasklock.name).
+        options: LockKwargs = {"name": name, **self.options}
         decorate = exclusive(
-            key=key, on_locked=held, on_lost=self.on_lost, service=self.service, **self.options
+            key=key, on_locked=held, on_lost=self.on_lost, service=self.service, **options
         )
         return cast("F", decorate(fn))
 
@@ -176,13 +180,13 @@ class TaskLock:
         self.__exit__(None, None, None)
 
     def is_locked(self) -> bool:
-        """Whether anyone holds ``name`` now (one read of the storage)."""
+        """Whether anyone holds ``lock_name`` now (one read of the storage)."""
         return self.service.peek(self.name) is not None
 
     locked = is_locked
 
     def clear(self) -> bool:
-        """End whoever's lease holds ``name`` now, as Huey's ``clear()`` deletes its key.
+        """End whoever's lease holds ``lock_name`` now, as Huey's ``clear()`` deletes its key.
 
         An operator's action (``manage.py tasklock release`` does the same):
         the holder learns it lost the lock. True if there was a lease to end.

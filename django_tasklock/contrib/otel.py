@@ -14,7 +14,9 @@ from django_tasklock.contrib import require
 
 require("otel")
 
+import re  # noqa: E402
 import time  # noqa: E402 - after require(): a missing extra says so first
+import traceback  # noqa: E402
 import weakref  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from contextlib import AbstractContextManager, contextmanager, nullcontext  # noqa: E402
@@ -181,9 +183,7 @@ class _Acquisition:
             telemetry.waiting.add(-1, self.found)
         if exc is not None:
             result = "error"
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, str(exc)))
-            span.set_attribute("error.type", _qualified(type(exc)))
+            _record_error(span, exc, self.lock.key)
         elif self.acquired:
             result = "acquired"
             if self.lock.fence is not None:
@@ -255,6 +255,28 @@ class _Hold:
         self.telemetry.active.add(-1, self.found)
         self.telemetry.hold_duration.record(time.perf_counter() - self.started, self.found)
         self.span.end()
+
+
+def _record_error(span: trace.Span, exc: BaseException, key: str) -> None:
+    """Status ERROR, ``error.type`` and the exception event, its text without ``key``.
+
+    An error may name the key (``ReplicationNotConfirmed`` does): the span must not.
+    """
+
+    # One pass (no "<key>" rewritten again); a key that starts or ends with a word
+    # character only where it is not part of a longer word ("e" in "acquired").
+    before = r"(?<!\w)" if re.match(r"\w", key[:1]) else ""
+    after = r"(?!\w)" if re.match(r"\w", key[-1:]) else ""
+    found = re.compile(f"{re.escape(repr(key))}|{before}{re.escape(key)}{after}")
+
+    def keyless(text: str) -> str:
+        return found.sub("<key>", text)
+
+    message = keyless(str(exc))
+    trace_text = keyless("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    span.record_exception(exc, {"exception.message": message, "exception.stacktrace": trace_text})
+    span.set_status(Status(StatusCode.ERROR, message))
+    span.set_attribute("error.type", _qualified(type(exc)))
 
 
 def _qualified(cls: type[BaseException]) -> str:

@@ -14,8 +14,11 @@ exists in Redis; it does not stop two runs of one function with different ids.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+from asgiref.sync import iscoroutinefunction
 
 from django_tasklock.callables import validate_callable
 from django_tasklock.contrib import require
@@ -28,6 +31,7 @@ from django_tasklock.service import TaskLockService
 require("rq")
 
 from rq import get_current_job  # noqa: E402
+from rq.job import Job  # noqa: E402
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -80,6 +84,11 @@ def exclusive(
     ``{"skipped": True, "key": <the key>}``, saved to Redis. Outside a job
     (a direct call) it is :func:`django_tasklock.exclusive`.
 
+    A job that holds its key and runs has no ``"tasklock"`` entry: a mark
+    left by an earlier, skipped run of the same job (RQ's ``Retry``,
+    ``requeue()``, ``Repeat``) is taken off. Only the job whose function this
+    is is marked, not one whose function calls it.
+
     RQ's ``@job`` below it is a ``TypeError``: the worker would run the
     function without the lock.
     """
@@ -101,22 +110,74 @@ def exclusive(
         build_key = KeyBuilder(func, spec)
 
         def held(*args: Any, **kwargs: Any) -> Any:
-            mark_skipped(build_key(args, kwargs))
+            mark_skipped(func, build_key(args, kwargs))
             return None if on_locked is None else on_locked(*args, **kwargs)
 
         return core_exclusive(
             key=spec, on_locked=held, on_lost=on_lost, service=service, **options
-        )(func)
+        )(unmarking(func))
 
     return decorate
 
 
-def mark_skipped(key: str) -> None:
-    """Write ``{"skipped": True, "key": key}`` to the running job's meta (if in a job)."""
-    job = get_current_job()
+def unmarking(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func``, first taking an earlier run's skip mark off the job's meta.
+
+    The same job (same id) runs again after RQ's ``Retry``, ``requeue()`` or
+    ``Repeat``: once it holds its key, its meta must not say it was skipped.
+    """
+    if iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def run_async(*args: Any, **kwargs: Any) -> Any:
+            unmark_skipped(func)
+            return await func(*args, **kwargs)
+
+        return run_async
+
+    @functools.wraps(func)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        unmark_skipped(func)
+        return func(*args, **kwargs)
+
+    return run
+
+
+def mark_skipped(func: Callable[..., Any], key: str) -> None:
+    """Write ``{"skipped": True, "key": key}`` to the meta of the job running ``func``."""
+    job = job_running(func)
     if job is not None:
         job.meta[META_KEY] = {"skipped": True, "key": key}
         job.save_meta()  # type: ignore[no-untyped-call]
+
+
+def unmark_skipped(func: Callable[..., Any]) -> None:
+    """Take the skip mark off the meta of the job running ``func``, if a run left one."""
+    job = job_running(func)
+    if job is not None and META_KEY in job.meta:
+        del job.meta[META_KEY]
+        job.save_meta()  # type: ignore[no-untyped-call]
+
+
+def job_running(func: Callable[..., Any]) -> Job | None:
+    """The current job if its function is ``func`` (under its decorators), else None.
+
+    A job whose function merely calls ``func`` was not skipped when that call was.
+    """
+    job = get_current_job()
+    if job is None:
+        return None
+    if job.func_name == f"{func.__module__}.{func.__qualname__}":
+        return job
+    try:
+        target = job.func
+    except Exception:  # pragma: no cover - the worker imported it to run the job
+        return None
+    while target is not None:  # another import path to the same function
+        if target is func:
+            return job
+        target = getattr(target, "__wrapped__", None)
+    return None
 
 
 def refuse_rq_job(func: object) -> None:

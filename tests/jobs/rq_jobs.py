@@ -30,3 +30,28 @@ def record(key: str, signals: str, pause: float) -> str:
 
 def ping() -> str:
     return "pong"
+
+
+class KeyHeld(Exception):
+    """What :func:`refuse` raises: the job fails, and RQ may run it again (same id)."""
+
+
+def refuse(key: str) -> str:
+    """``on_locked`` of :func:`run_or_fail`: the job fails while its key is held."""
+    raise KeyHeld(f"rq:{key} is held")
+
+
+@exclusive("rq:{key}", ttl=60, on_locked=refuse)
+def run_or_fail(key: str) -> str:
+    """Fails while ``rq:key`` is held (then requeued by the test, it runs)."""
+    return "ran"
+
+
+@exclusive("rq:{key}", ttl=60)
+def quick(key: str) -> str:
+    return "quick"
+
+
+def calls_quick(key: str) -> str:
+    """A job (no lock of its own) calling an ``@exclusive`` function: its meta is its own."""
+    return f"called:{quick(key)}"
