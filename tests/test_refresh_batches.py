@@ -62,8 +62,10 @@ def test_the_batch_is_reused_until_a_lease_leaves_or_joins(alias: str, key: str)
         lock.acquire()
     try:
         wait_until(
-            lambda: bool(backend.calls)
-            and {item.key for item in backend.calls[-1][0]} == {lock.key for lock in locks},
+            lambda: (
+                bool(backend.calls)
+                and {item.key for item in backend.calls[-1][0]} == {lock.key for lock in locks}
+            ),
             timeout=20,
         )
         first, second = _ticks_after(backend, 2)[-2:]
