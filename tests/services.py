@@ -79,16 +79,19 @@ def _redis_database_of_this_worker(url: str) -> str:
     The SQL databases are per process already (their test names carry the pid);
     Redis has no per-run database, and tests that list every lock or flush their
     database must not see another worker's keys. Worker ``gwN`` takes the URL's
-    database minus N (modulo 16, Redis's default number of databases).
+    database minus N (modulo 16, Redis's default number of databases), minus
+    ``TASKLOCK_TEST_REDIS_DB_SHIFT`` when set (tox.ini sets it per Django
+    version, so that environments run side by side with ``tox -p`` do not share
+    a database).
     """
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if not worker.startswith("gw") or not worker[2:].isdigit():
-        return url
+    shift = int(os.environ.get("TASKLOCK_TEST_REDIS_DB_SHIFT") or "0")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
     parts = urlsplit(url)
-    if parts.scheme not in {"redis", "rediss"}:
+    if not index + shift or parts.scheme not in {"redis", "rediss"}:
         return url
     base = int(parts.path.strip("/") or "0")
-    return parts._replace(path=f"/{(base - int(worker[2:])) % 16}").geturl()
+    return parts._replace(path=f"/{(base - shift - index) % 16}").geturl()
 
 
 def _missing(name: str, reason: str) -> None:
