@@ -258,8 +258,12 @@ class RedisBackend(BaseBackend):
     def _run_all(self, name: str, *args: Any) -> list[tuple[str, Any]]:
         """Run a script on every key in the namespace: (caller's key, reply) by key."""
         # SCAN may return a key twice; the set keeps counts and listings exact.
-        # On a cluster, redis-py's scan_iter SCANs every master.
+        # On a cluster, redis-py's scan_iter SCANs every master it knows: the
+        # layout is read again first, or a master that joined (or was promoted)
+        # since the client last met a MOVED would go unscanned.
         scripts = self._calls()
+        if scripts.cluster:
+            scripts.client.nodes_manager.initialize()
         found = sorted(set(scripts.client.scan_iter(match=KEY_PREFIX + "*", count=_BATCH)))
         results = []
         for start in range(0, len(found), _BATCH):

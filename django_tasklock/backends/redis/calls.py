@@ -31,7 +31,8 @@ class Scripts:
         #: Keys of two slots never share a script: on a ``RedisCluster`` from the
         #: start; on a plain client once a server refuses them (``CROSSSLOT``: a
         #: proxy in front of a cluster, which hides its topology).
-        self.per_slot = isinstance(client, RedisCluster)
+        self.cluster = isinstance(client, RedisCluster)
+        self.per_slot = self.cluster
         self.bodies = {name: PRELUDE + body for name, body in SCRIPTS.items()}
         self.shas = {
             name: hashlib.sha1(body.encode()).hexdigest() for name, body in self.bodies.items()
