@@ -35,6 +35,7 @@ from django_tasklock.backends.forksafe import ForkSafeLock
 from django_tasklock.backends.redis.calls import Call, Scripts
 from django_tasklock.backends.redis.checks import check_redis
 from django_tasklock.backends.redis.connections import connect
+from django_tasklock.backends.redis.releases import release_lease
 from django_tasklock.backends.redis.replicas import (
     DEFAULT_TIMEOUT,
     ack_from_settings,
@@ -43,7 +44,7 @@ from django_tasklock.backends.redis.replicas import (
     unconfirmed,
 )
 from django_tasklock.backends.redis.replies import held_lock, text
-from django_tasklock.backends.redis.scripts import RELEASED_MS, fence_key, tombstone_key
+from django_tasklock.backends.redis.scripts import fence_key
 from django_tasklock.backends.redis.slots import chunked, tag_for
 from django_tasklock.backends.redis.urls import RedisURLError, parse_url
 from django_tasklock.durations import Duration
@@ -223,11 +224,7 @@ class RedisBackend(BaseBackend):
         more ``SET``), which the same release sent again finds. A key gone
         without it (expired, force-released, evicted) is ``LOST``.
         """
-        hold_ms = 0 if min_hold is None else _ms(min_hold)
-        reply = self._calls().run(
-            "release", [storage_key(key), tombstone_key(key, token)], [token, hold_ms, RELEASED_MS]
-        )
-        return {1: Released.RELEASED, 2: Released.GONE}.get(int(reply), Released.LOST)
+        return release_lease(self._calls(), key, token, 0 if min_hold is None else _ms(min_hold))
 
     def fence(self, key: str, token: str) -> int | None:
         """``INCR tasklock-fence:{<tag>}<key>`` in the same script that checks the lease.
