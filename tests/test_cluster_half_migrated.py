@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from django_tasklock.backends.base import Released, storage_key
+from django_tasklock.backends.base import Refresh, Released, storage_key
 from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.backends.redis.slots import key_slot
 from django_tasklock.service import new_token
@@ -66,3 +66,30 @@ def test_a_lease_released_while_its_slot_is_half_migrated_is_released(
         assert backend.release_outcome(name, token) is Released.RELEASED, name
         assert backend.peek(name) is None
         assert backend.acquire(name, new_token(), ttl=TTL, max_lifetime=TTL), name
+
+
+def test_a_refresh_meeting_a_half_migrated_slot_answers_every_lease(
+    redis_cluster: PrivateCluster, half_migrated: tuple[Any, Any, int], key: str
+) -> None:
+    # A lease lost in the slot (its key gone) makes the slot's one script name
+    # a key the node lacks: TRYAGAIN for as long as the migration lasts. The
+    # other leases, of that slot and of others, must still be refreshed and
+    # answered, the lost one answered lost.
+    backend = RedisBackend(url=redis_cluster.url)
+    kept, lost, elsewhere = f"{{{key}}}kept", f"{{{key}}}lost", f"{key}-elsewhere"
+    assert key_slot(storage_key(elsewhere)) != half_migrated[2]
+    items = [Refresh(name, new_token(), TTL, TTL) for name in (kept, lost, elsewhere)]
+    for item in items:
+        assert backend.acquire(item.key, item.token, ttl=timedelta(seconds=30), max_lifetime=TTL)
+    # Taken during the migration, both live on the target; one is lost (its key gone).
+    pipe = half_migrated[1].pipeline(transaction=False)
+    pipe.execute_command("ASKING")
+    pipe.delete(storage_key(lost))
+    assert pipe.execute()[1] == 1
+
+    assert backend.refresh_many(items) == [True, False, True]
+    assert backend.refresh_many(items[:2]) == [True, False]  # one script: no pipeline
+    for item in (items[0], items[2]):
+        held = backend.peek(item.key)
+        assert held is not None
+        assert held.seconds_left > 60  # refreshed to the 5 min ttl

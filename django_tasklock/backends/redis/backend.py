@@ -194,7 +194,9 @@ class RedisBackend(BaseBackend):
                 args += (item.token, _ms(item.ttl), _ms(item.max_lifetime))
             calls.append(("refresh_many", [stored[index] for index in chunk], args))
         try:
-            replies = [scripts.run(*calls[0])] if len(calls) == 1 else scripts.run_many(calls)
+            replies = (
+                [scripts.run_refreshes(calls[0])] if len(calls) == 1 else scripts.run_many(calls)
+            )
         except Exception as exc:
             from redis.exceptions import ClusterCrossSlotError
 

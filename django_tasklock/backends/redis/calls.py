@@ -52,6 +52,24 @@ class Scripts:
             self.load()
             return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
 
+    def run_refreshes(self, call: Call) -> Any:
+        """A ``refresh_many`` call, sent on its own; on a cluster that keeps refusing it
+        (``TRYAGAIN`` until redis-py gives up: its slot is half migrated and a key
+        it names is on neither node, a lease lost), one ``refresh`` per key,
+        which the cluster serves wherever each key is."""
+        from redis.exceptions import ClusterError, TryAgainError
+
+        try:
+            return self.run(*call)
+        except (ClusterError, TryAgainError) as exc:
+            # "TTL exhausted" is a bare ClusterError; a cluster down is not split.
+            if not self.cluster or not (
+                isinstance(exc, TryAgainError) or type(exc) is ClusterError
+            ):
+                raise
+            _, keys, args = call
+            return [self.run("refresh", [k], args[3 * i : 3 * i + 3]) for i, k in enumerate(keys)]
+
     def run_many(self, calls: Sequence[Call]) -> list[Any]:
         """Every call pipelined (not a transaction); the replies in order.
 
@@ -60,7 +78,7 @@ class Scripts:
         times the CPU per command). A call met with ``NOSCRIPT``, ``MOVED``,
         ``ASK`` or ``TRYAGAIN`` (a slot moving, a failover) is sent again on
         its own through the client, which loads the scripts or follows the
-        slot; any other error is raised.
+        slot (a ``refresh_many`` by :meth:`run_refreshes`); any other error is raised.
         """
         from redis.cluster import RedisCluster
         from redis.exceptions import (
@@ -101,5 +119,8 @@ class Scripts:
                 else:
                     replies[index] = answer
         for index in again:
-            replies[index] = self.run(*calls[index])
+            call = calls[index]
+            replies[index] = (
+                self.run_refreshes(call) if call[0] == "refresh_many" else self.run(*call)
+            )
         return replies
