@@ -93,3 +93,20 @@ def test_a_refresh_meeting_a_half_migrated_slot_answers_every_lease(
         held = backend.peek(item.key)
         assert held is not None
         assert held.seconds_left > 60  # refreshed to the 5 min ttl
+
+
+def test_a_fenced_acquisition_in_a_half_migrated_slot_is_an_error_never_held(
+    redis_cluster: PrivateCluster, half_migrated: tuple[Any, Any, int], key: str
+) -> None:
+    # The new lease is written on the target; its fence counter is on neither
+    # node: the fence script is refused (TRYAGAIN) until the move ends. The
+    # acquisition fails with that error, and the lock leaves the key free.
+    from redis.exceptions import RedisError
+
+    from django_tasklock.service import TaskLockService
+
+    backend = RedisBackend(url=redis_cluster.url)
+    name = f"{{{key}}}fenced"
+    with pytest.raises(RedisError):
+        TaskLockService(backend).run_exclusive(name, lambda: None, fencing=True)
+    assert backend.peek(name) is None
