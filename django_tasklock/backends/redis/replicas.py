@@ -132,7 +132,6 @@ def send_and_wait(
             if node is not None:  # a master gone: learn the layout again for the next call
                 client.nodes_manager.initialize()
             raise  # the lock releases the lease by its token (fail closed)
-        asking = False
         if attempt < _ATTEMPTS:
             if isinstance(reply, NoScriptError):
                 scripts.load()
@@ -144,7 +143,7 @@ def send_and_wait(
                 node = client.get_node(host=reply.host, port=reply.port) or _unknown(reply)
                 continue
             if node is not None and isinstance(reply, TryAgainError):
-                time.sleep(_TRYAGAIN_PAUSE)  # the slot's keys are split between two nodes
+                time.sleep(_TRYAGAIN_PAUSE)  # the slot's keys split: the same node, ASKING again
                 continue
         for answer in (reply, acked):
             if isinstance(answer, Exception):
