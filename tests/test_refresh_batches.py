@@ -59,7 +59,17 @@ def test_the_batch_is_reused_until_a_lease_leaves_or_joins(alias: str, key: str)
     for lock in locks:
         lock.acquire()
     try:
-        first, second = _ticks_after(backend, 2)[-2:]
+        # Leases acquired a tick apart (a loaded machine) may first tick apart,
+        # then join: two ticks of all three in a row, then the same tuple.
+        everyone = {lock.key for lock in locks}
+        wait_until(
+            lambda: (
+                len(backend.calls) >= 2
+                and all({item.key for item in c[0]} == everyone for c in backend.calls[-2:])
+            ),
+            timeout=20,
+        )
+        first, second = backend.calls[-2:]
         assert second[0] is first[0]  # the same tuple: nothing rebuilt
         assert backend._batch is not None
         assert backend._batch.items is second[0]
