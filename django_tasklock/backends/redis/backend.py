@@ -26,6 +26,7 @@ from django_tasklock.backends.base import (
     STALE_AFTER,
     BaseBackend,
     HeldLock,
+    PartlyRefreshed,
     Refresh,
     Released,
     caller_key,
@@ -178,9 +179,9 @@ class RedisBackend(BaseBackend):
         first. A single Redis takes any 500 keys in one script; one that
         refuses them (``CROSSSLOT``: a proxy hiding a cluster) is sent them per
         slot from then on. The scripts go in one pipeline (one round trip; on a
-        cluster, one per master). A Redis that
-        stops answering fails the call after the connection's socket timeout
-        (10 s for a ``url``; a django-redis cache's own otherwise).
+        cluster, one per master: one unreachable raises ``PartlyRefreshed``
+        with the others' answers). A Redis that stops answering fails the call
+        after the socket timeout (10 s for a ``url``; a django-redis cache's own).
         """
         stored = [storage_key(item.key) for item in items]
         scripts = self._calls()
@@ -193,10 +194,10 @@ class RedisBackend(BaseBackend):
                 item = items[index]
                 args += (item.token, _ms(item.ttl), _ms(item.max_lifetime))
             calls.append(("refresh_many", [stored[index] for index in chunk], args))
+        failed: dict[int, Exception] = {}
         try:
-            replies = (
-                [scripts.run_refreshes(calls[0])] if len(calls) == 1 else scripts.run_many(calls)
-            )
+            one = len(calls) == 1
+            replies = [scripts.run_refreshes(calls[0])] if one else scripts.run_many(calls, failed)
         except Exception as exc:
             from redis.exceptions import ClusterCrossSlotError
 
@@ -205,11 +206,14 @@ class RedisBackend(BaseBackend):
                 raise
             scripts.per_slot = True
             return self.refresh_many(items)
-        answers = [False] * len(items)
-        for chunk, reply in zip(chunks, replies, strict=True):
-            for index, answer in zip(chunk, reply, strict=True):
-                answers[index] = bool(answer)
-        return answers
+        answers: list[bool | None] = [None] * len(items)  # None: its master failed
+        for n, (chunk, reply) in enumerate(zip(chunks, replies, strict=True)):
+            if n not in failed:
+                for index, answer in zip(chunk, reply, strict=True):
+                    answers[index] = bool(answer)
+        if failed:
+            raise PartlyRefreshed(answers, next(iter(failed.values())))
+        return answers  # type: ignore[return-value] # every one answered
 
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
         """Delete the lease held by ``token``; with ``min_hold``, ``PEXPIRE`` it to end

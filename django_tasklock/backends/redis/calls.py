@@ -70,8 +70,14 @@ class Scripts:
             _, keys, args = call
             return [self.run("refresh", [k], args[3 * i : 3 * i + 3]) for i, k in enumerate(keys)]
 
-    def run_many(self, calls: Sequence[Call]) -> list[Any]:
+    def run_many(
+        self, calls: Sequence[Call], failed: dict[int, Exception] | None = None
+    ) -> list[Any]:
         """Every call pipelined (not a transaction); the replies in order.
+
+        With ``failed``, on a cluster a master that cannot be reached does not
+        fail the calls of the others: its calls' replies are None, and their
+        indexes are put in ``failed`` with the error.
 
         On a ``RedisCluster``, one plain pipeline per master, by the slot
         layout the client knows (redis-py's cluster pipeline costs several
@@ -107,10 +113,14 @@ class Scripts:
                 pipe.execute_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
             try:
                 answers = pipe.execute(raise_on_error=False)
-            except (ConnectionError, TimeoutError):
-                if node is not None:  # a master gone: learn the layout again for the next call
-                    self.client.nodes_manager.initialize()
-                raise
+            except (ConnectionError, TimeoutError) as error:
+                if node is None:
+                    raise
+                self.client.nodes_manager.initialize()  # a master gone: the layout again
+                if failed is None:
+                    raise
+                failed.update(dict.fromkeys(indexes, error))
+                continue
             for index, answer in zip(indexes, answers, strict=True):
                 if isinstance(answer, (NoScriptError, MovedError, AskError, TryAgainError)):
                     again.append(index)
@@ -120,7 +130,12 @@ class Scripts:
                     replies[index] = answer
         for index in again:
             call = calls[index]
-            replies[index] = (
-                self.run_refreshes(call) if call[0] == "refresh_many" else self.run(*call)
-            )
+            try:
+                replies[index] = (
+                    self.run_refreshes(call) if call[0] == "refresh_many" else self.run(*call)
+                )
+            except (ConnectionError, TimeoutError) as error:
+                if failed is None:
+                    raise
+                failed[index] = error
         return replies
