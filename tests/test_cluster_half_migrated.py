@@ -50,11 +50,20 @@ def half_migrated(redis_cluster: PrivateCluster, key: str) -> Iterator[tuple[Any
             node.execute_command("CLUSTER SETSLOT", slot, "STABLE")
 
 
+@pytest.fixture
+def backend(redis_cluster: PrivateCluster) -> Iterator[RedisBackend]:
+    made = RedisBackend(url=redis_cluster.url)
+    yield made
+    made._conn().close()
+
+
 def test_a_lease_released_while_its_slot_is_half_migrated_is_released(
-    redis_cluster: PrivateCluster, half_migrated: tuple[Any, Any, int], key: str
+    redis_cluster: PrivateCluster,
+    half_migrated: tuple[Any, Any, int],
+    backend: RedisBackend,
+    key: str,
 ) -> None:
     source, target, _ = half_migrated
-    backend = RedisBackend(url=redis_cluster.url)
     staying, moved = f"{{{key}}}staying", f"{{{key}}}moved"
     tokens = {name: new_token() for name in (staying, moved)}
     for name, token in tokens.items():
@@ -69,13 +78,15 @@ def test_a_lease_released_while_its_slot_is_half_migrated_is_released(
 
 
 def test_a_refresh_meeting_a_half_migrated_slot_answers_every_lease(
-    redis_cluster: PrivateCluster, half_migrated: tuple[Any, Any, int], key: str
+    redis_cluster: PrivateCluster,
+    half_migrated: tuple[Any, Any, int],
+    backend: RedisBackend,
+    key: str,
 ) -> None:
     # A lease lost in the slot (its key gone) makes the slot's one script name
     # a key the node lacks: TRYAGAIN for as long as the migration lasts. The
     # other leases, of that slot and of others, must still be refreshed and
     # answered, the lost one answered lost.
-    backend = RedisBackend(url=redis_cluster.url)
     kept, lost, elsewhere = f"{{{key}}}kept", f"{{{key}}}lost", f"{key}-elsewhere"
     assert key_slot(storage_key(elsewhere)) != half_migrated[2]
     items = [Refresh(name, new_token(), TTL, TTL) for name in (kept, lost, elsewhere)]
@@ -96,7 +107,10 @@ def test_a_refresh_meeting_a_half_migrated_slot_answers_every_lease(
 
 
 def test_a_fenced_acquisition_in_a_half_migrated_slot_is_an_error_never_held(
-    redis_cluster: PrivateCluster, half_migrated: tuple[Any, Any, int], key: str
+    redis_cluster: PrivateCluster,
+    half_migrated: tuple[Any, Any, int],
+    backend: RedisBackend,
+    key: str,
 ) -> None:
     # The new lease is written on the target; its fence counter is on neither
     # node: the fence script is refused (TRYAGAIN) until the move ends. The
@@ -105,7 +119,6 @@ def test_a_fenced_acquisition_in_a_half_migrated_slot_is_an_error_never_held(
 
     from django_tasklock.service import TaskLockService
 
-    backend = RedisBackend(url=redis_cluster.url)
     name = f"{{{key}}}fenced"
     with pytest.raises(RedisError):
         TaskLockService(backend).run_exclusive(name, lambda: None, fencing=True)
