@@ -10,7 +10,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from django_tasklock.backends.base import Refresh
+from django_tasklock.backends.base import PartlyRefreshed, Refresh
 from django_tasklock.lease import clock
 from django_tasklock.notifier import log
 from django_tasklock.reasons import TAKEN
@@ -41,7 +41,13 @@ class BatchRefresher:
         until the answer, so that a release can wait for it (see ``Heartbeat.remove``).
         """
         live, looked, answers = self._send(leases)
-        if isinstance(answers, Exception):
+        if isinstance(answers, PartlyRefreshed):
+            # A part of the storage failed: its leases as if the whole call had.
+            pairs = list(zip(live, answers.answers, strict=True))
+            looked = looked + self._failed([x for x, ok in pairs if ok is None], answers)
+            live = [x for x, ok in pairs if ok is not None]
+            answers = [bool(ok) for _, ok in pairs if ok is not None]
+        elif isinstance(answers, Exception):
             return looked + self._failed(live, answers)
         again: list[Lease] = looked
         looks = _LOOKS_PER_TICK

@@ -69,6 +69,8 @@ def test_a_slot_migrated_under_held_locks_keeps_each_lease_or_says_it_was_lost(
             entry = time.time()
             lock = current_lock()
             assert lock is not None
+            assert lock.fence is not None
+            fences[name].append(lock.fence)  # while held: in the order of the grants
             all_held.wait(30)
             while not migrated.is_set() and not lock.lost:
                 time.sleep(0.05)
@@ -86,7 +88,6 @@ def test_a_slot_migrated_under_held_locks_keeps_each_lease_or_says_it_was_lost(
             result = service.run_exclusive(name, body, ttl=5, refresh_interval=0.3, fencing=True)
             assert result.acquired
             assert result.fence is not None
-            fences[name].append(result.fence)
         except BaseException as exc:
             errors.append(exc)
 
@@ -102,13 +103,13 @@ def test_a_slot_migrated_under_held_locks_keeps_each_lease_or_says_it_was_lost(
                 lock = current_lock()
                 assert lock is not None
                 assert lock.fence is not None
-                # Noted while held: in grant order (appended after the release,
-                # another thread's later grant could come first).
-                fences[name].append(lock.fence)
+                fences[name].append(lock.fence)  # while held: in the order of the grants
                 intervals[name].append((entry, time.time()))
 
             try:
-                service.run_exclusive(name, body, ttl=5, fencing=True)
+                result = service.run_exclusive(name, body, ttl=5, fencing=True)
+                if result.acquired:
+                    assert result.fence is not None
             except BaseException as exc:
                 errors.append(exc)
 

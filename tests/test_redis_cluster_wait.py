@@ -24,7 +24,6 @@ from redis.cluster import RedisCluster
 from django_tasklock import ReplicationNotConfirmed
 from django_tasklock.backends.base import storage_key
 from django_tasklock.backends.redis import RedisBackend
-from django_tasklock.backends.redis.scripts import tombstone_key
 from django_tasklock.service import new_token
 from tests import replication
 from tests.servers import PrivateRedis, free_port, private_redis
@@ -113,8 +112,8 @@ def test_wait_is_sent_to_the_node_that_owns_the_lease(
     with pytest.raises(ReplicationNotConfirmed) as raised:
         backend.acquire(on_first, new_token(), ttl=LEASE, max_lifetime=LEASE)
     assert raised.value.confirmed == 0
-    # (Its release, by a script with a second key in another slot, is refused
-    # with CROSSSLOT by this cluster: the lease is left to expire.)
+    assert raised.value.released  # its tombstone is in its slot: no CROSSSLOT
+    assert client.exists(storage_key(on_first)) == 0
     client.close()
 
 
@@ -135,12 +134,41 @@ def test_a_slot_moved_during_the_call_is_confirmed_where_the_lease_landed(
     first_id = one.execute_command("CLUSTER", "MYID")
     for node in (two, one):  # the owner gives it up first
         node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", first_id)
-    token = new_token()
     with pytest.raises(ReplicationNotConfirmed) as raised:
-        backend.acquire(key, token, ttl=LEASE, max_lifetime=LEASE)
+        backend.acquire(key, new_token(), ttl=LEASE, max_lifetime=LEASE)
     assert raised.value.confirmed == 0
-    # Released by its token, in the lease's slot: the lease landed on the first
-    # master, and its release left the tombstone there.
+    # It landed on the first master, and was released there.
     assert raised.value.released
     assert one.exists(storage_key(key)) == 0
-    assert one.exists(tombstone_key(key, token)) == 1
+
+
+def test_a_slot_being_migrated_is_confirmed_where_the_lease_landed(
+    cluster: tuple[PrivateRedis, PrivateRedis], closing: Closing
+) -> None:
+    # The slot is being migrated from the second master (replicated) to the
+    # first (no replica): the second answers ASK for a key it does not have,
+    # and the lease lands on the first. A WAIT on the second's connection,
+    # where nothing was written, counts its replica at once: that count must
+    # not confirm the lease.
+    first = cluster[0]
+    client: Any = closing(RedisCluster(host="127.0.0.1", port=first.port))
+    backend = RedisBackend(client=client, min_replicas=1, replica_timeout=0.3)
+    key = _key_on(client, 8192, 16383)
+    slot = client.keyslot(storage_key(key))
+    nodes: list[Any] = [closing(redis.Redis(port=s.port, decode_responses=True)) for s in cluster]
+    one, two = nodes
+    one_id, two_id = (node.execute_command("CLUSTER", "MYID") for node in nodes)
+    one.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", two_id)
+    two.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", one_id)
+    try:
+        with pytest.raises(ReplicationNotConfirmed) as raised:
+            backend.acquire(key, new_token(), ttl=LEASE, max_lifetime=LEASE)
+        assert raised.value.confirmed == 0
+        assert raised.value.released  # by its token, on the first master (ASK again)
+        pipe = one.pipeline(transaction=False)
+        pipe.execute_command("ASKING")
+        pipe.exists(storage_key(key))
+        assert pipe.execute()[1] == 0
+    finally:
+        for node in (one, two):
+            node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")

@@ -109,6 +109,21 @@ class Refresh(NamedTuple):
     max_lifetime: timedelta
 
 
+class PartlyRefreshed(Exception):
+    """Raised by :meth:`BaseBackend.refresh_many` when part of the storage failed.
+
+    ``answers``: one per item, as ``refresh`` would give, or None for an item
+    whose part failed (not refreshed this time, as if the whole call had
+    failed); the error is the ``__cause__``. A Redis Cluster with one master
+    unreachable answers the leases of the others.
+    """
+
+    def __init__(self, answers: list[bool | None], error: Exception) -> None:
+        super().__init__(f"{answers.count(None)} of {len(answers)} leases not refreshed: {error}")
+        self.answers = answers
+        self.__cause__ = error
+
+
 class Released(enum.Enum):
     """What :meth:`BaseBackend.release_outcome` found."""
 
@@ -182,8 +197,9 @@ class BaseBackend(abc.ABC):
 
         Returns one answer per item, as ``refresh`` would. Raises the storage's
         exception when it fails: the heartbeat then counts every item of the
-        call as not refreshed this time. This default calls ``refresh`` once
-        per item, so a backend written against the single-lease contract keeps
+        call as not refreshed this time (only those :class:`PartlyRefreshed`
+        answers None, when a part of the storage answered). This default calls
+        ``refresh`` once per item, so a backend written against the single-lease contract keeps
         working; the built-in backends send one statement per chunk of items.
         """
         return [

@@ -26,6 +26,7 @@ from django_tasklock.backends.base import (
     STALE_AFTER,
     BaseBackend,
     HeldLock,
+    PartlyRefreshed,
     Refresh,
     Released,
     caller_key,
@@ -35,6 +36,7 @@ from django_tasklock.backends.forksafe import ForkSafeLock
 from django_tasklock.backends.redis.calls import Call, Scripts
 from django_tasklock.backends.redis.checks import check_redis
 from django_tasklock.backends.redis.connections import connect
+from django_tasklock.backends.redis.releases import release_lease
 from django_tasklock.backends.redis.replicas import (
     DEFAULT_TIMEOUT,
     ack_from_settings,
@@ -43,7 +45,7 @@ from django_tasklock.backends.redis.replicas import (
     unconfirmed,
 )
 from django_tasklock.backends.redis.replies import held_lock, text
-from django_tasklock.backends.redis.scripts import RELEASED_MS, fence_key, tombstone_key
+from django_tasklock.backends.redis.scripts import fence_key
 from django_tasklock.backends.redis.slots import chunked, tag_for
 from django_tasklock.backends.redis.urls import RedisURLError, parse_url
 from django_tasklock.durations import Duration
@@ -177,9 +179,9 @@ class RedisBackend(BaseBackend):
         first. A single Redis takes any 500 keys in one script; one that
         refuses them (``CROSSSLOT``: a proxy hiding a cluster) is sent them per
         slot from then on. The scripts go in one pipeline (one round trip; on a
-        cluster, one per master). A Redis that
-        stops answering fails the call after the connection's socket timeout
-        (10 s for a ``url``; a django-redis cache's own otherwise).
+        cluster, one per master: one unreachable raises ``PartlyRefreshed``
+        with the others' answers). A Redis that stops answering fails the call
+        after the socket timeout (10 s for a ``url``; a django-redis cache's own).
         """
         stored = [storage_key(item.key) for item in items]
         scripts = self._calls()
@@ -192,8 +194,10 @@ class RedisBackend(BaseBackend):
                 item = items[index]
                 args += (item.token, _ms(item.ttl), _ms(item.max_lifetime))
             calls.append(("refresh_many", [stored[index] for index in chunk], args))
+        failed: dict[int, Exception] = {}
         try:
-            replies = [scripts.run(*calls[0])] if len(calls) == 1 else scripts.run_many(calls)
+            one = len(calls) == 1
+            replies = [scripts.run_refreshes(calls[0])] if one else scripts.run_many(calls, failed)
         except Exception as exc:
             from redis.exceptions import ClusterCrossSlotError
 
@@ -202,11 +206,14 @@ class RedisBackend(BaseBackend):
                 raise
             scripts.per_slot = True
             return self.refresh_many(items)
-        answers = [False] * len(items)
-        for chunk, reply in zip(chunks, replies, strict=True):
-            for index, answer in zip(chunk, reply, strict=True):
-                answers[index] = bool(answer)
-        return answers
+        answers: list[bool | None] = [None] * len(items)  # None: its master failed
+        for n, (chunk, reply) in enumerate(zip(chunks, replies, strict=True)):
+            if n not in failed:
+                for index, answer in zip(chunk, reply, strict=True):
+                    answers[index] = bool(answer)
+        if failed:
+            raise PartlyRefreshed(answers, next(iter(failed.values())))
+        return answers  # type: ignore[return-value] # every one answered
 
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
         """Delete the lease held by ``token``; with ``min_hold``, ``PEXPIRE`` it to end
@@ -223,11 +230,7 @@ class RedisBackend(BaseBackend):
         more ``SET``), which the same release sent again finds. A key gone
         without it (expired, force-released, evicted) is ``LOST``.
         """
-        hold_ms = 0 if min_hold is None else _ms(min_hold)
-        reply = self._calls().run(
-            "release", [storage_key(key), tombstone_key(key, token)], [token, hold_ms, RELEASED_MS]
-        )
-        return {1: Released.RELEASED, 2: Released.GONE}.get(int(reply), Released.LOST)
+        return release_lease(self._calls(), key, token, 0 if min_hold is None else _ms(min_hold))
 
     def fence(self, key: str, token: str) -> int | None:
         """``INCR tasklock-fence:{<tag>}<key>`` in the same script that checks the lease.
@@ -258,8 +261,12 @@ class RedisBackend(BaseBackend):
     def _run_all(self, name: str, *args: Any) -> list[tuple[str, Any]]:
         """Run a script on every key in the namespace: (caller's key, reply) by key."""
         # SCAN may return a key twice; the set keeps counts and listings exact.
-        # On a cluster, redis-py's scan_iter SCANs every master.
+        # On a cluster, redis-py's scan_iter SCANs every master it knows: the
+        # layout is read again first, or a master that joined (or was promoted)
+        # since the client last met a MOVED would go unscanned.
         scripts = self._calls()
+        if scripts.cluster:
+            scripts.client.nodes_manager.initialize()
         found = sorted(set(scripts.client.scan_iter(match=KEY_PREFIX + "*", count=_BATCH)))
         results = []
         for start in range(0, len(found), _BATCH):

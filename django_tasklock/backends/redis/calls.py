@@ -31,7 +31,8 @@ class Scripts:
         #: Keys of two slots never share a script: on a ``RedisCluster`` from the
         #: start; on a plain client once a server refuses them (``CROSSSLOT``: a
         #: proxy in front of a cluster, which hides its topology).
-        self.per_slot = isinstance(client, RedisCluster)
+        self.cluster = isinstance(client, RedisCluster)
+        self.per_slot = self.cluster
         self.bodies = {name: PRELUDE + body for name, body in SCRIPTS.items()}
         self.shas = {
             name: hashlib.sha1(body.encode()).hexdigest() for name, body in self.bodies.items()
@@ -51,15 +52,39 @@ class Scripts:
             self.load()
             return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
 
-    def run_many(self, calls: Sequence[Call]) -> list[Any]:
+    def run_refreshes(self, call: Call) -> Any:
+        """A ``refresh_many`` call, sent on its own; on a cluster that keeps refusing it
+        (``TRYAGAIN`` until redis-py gives up: its slot is half migrated and a key
+        it names is on neither node, a lease lost), one ``refresh`` per key,
+        which the cluster serves wherever each key is."""
+        from redis.exceptions import ClusterError, TryAgainError
+
+        try:
+            return self.run(*call)
+        except (ClusterError, TryAgainError) as exc:
+            # "TTL exhausted" is a bare ClusterError; a cluster down is not split.
+            if not self.cluster or not (
+                isinstance(exc, TryAgainError) or type(exc) is ClusterError
+            ):
+                raise
+            _, keys, args = call
+            return [self.run("refresh", [k], args[3 * i : 3 * i + 3]) for i, k in enumerate(keys)]
+
+    def run_many(
+        self, calls: Sequence[Call], failed: dict[int, Exception] | None = None
+    ) -> list[Any]:
         """Every call pipelined (not a transaction); the replies in order.
+
+        With ``failed``, on a cluster a master that cannot be reached does not
+        fail the calls of the others: its calls' replies are None, and their
+        indexes are put in ``failed`` with the error.
 
         On a ``RedisCluster``, one plain pipeline per master, by the slot
         layout the client knows (redis-py's cluster pipeline costs several
         times the CPU per command). A call met with ``NOSCRIPT``, ``MOVED``,
         ``ASK`` or ``TRYAGAIN`` (a slot moving, a failover) is sent again on
         its own through the client, which loads the scripts or follows the
-        slot; any other error is raised.
+        slot (a ``refresh_many`` by :meth:`run_refreshes`); any other error is raised.
         """
         from redis.cluster import RedisCluster
         from redis.exceptions import (
@@ -88,10 +113,14 @@ class Scripts:
                 pipe.execute_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
             try:
                 answers = pipe.execute(raise_on_error=False)
-            except (ConnectionError, TimeoutError):
-                if node is not None:  # a master gone: learn the layout again for the next call
-                    self.client.nodes_manager.initialize()
-                raise
+            except (ConnectionError, TimeoutError) as error:
+                if node is None:
+                    raise
+                self.client.nodes_manager.initialize()  # a master gone: the layout again
+                if failed is None:
+                    raise
+                failed.update(dict.fromkeys(indexes, error))
+                continue
             for index, answer in zip(indexes, answers, strict=True):
                 if isinstance(answer, (NoScriptError, MovedError, AskError, TryAgainError)):
                     again.append(index)
@@ -100,5 +129,13 @@ class Scripts:
                 else:
                     replies[index] = answer
         for index in again:
-            replies[index] = self.run(*calls[index])
+            call = calls[index]
+            try:
+                replies[index] = (
+                    self.run_refreshes(call) if call[0] == "refresh_many" else self.run(*call)
+                )
+            except (ConnectionError, TimeoutError) as error:
+                if failed is None:
+                    raise
+                failed[index] = error
         return replies

@@ -9,20 +9,20 @@ replicas confirmed in time is released by its token and fails with
 
 ``WAIT`` counts the writes of the connection it is sent on, so it must follow
 the script on the same connection: both go in one pipeline, which is one
-connection. A pipeline of a ``RedisCluster`` client sends a keyless ``WAIT`` to
-its default node, so it is routed to the node that owns the lease's key, where
-the script runs. A ``MOVED`` during the call changes the client's slot map,
-which is checked. An ``ASK`` (a slot being migrated) does not: redis-py runs
-the script on the importing node on another connection and the ``WAIT``
-counts the source node's replicas; pinning both to the node that ran the
-script needs the cluster backend's own redirect handling. redis-py is
-imported only when a pipeline is sent.
+connection. On a ``RedisCluster`` the pair goes in a plain pipeline on the
+connection of the node that owns the key (redis-py's cluster pipeline would
+follow a redirect on another connection, leaving the ``WAIT`` to count
+writes made elsewhere): a script answered ``MOVED`` or ``ASK`` (its slot
+moved, or is being migrated) is sent again with its ``WAIT`` to the node named,
+``ASKING`` first for an ``ASK``; ``TRYAGAIN`` is sent again after a pause.
+redis-py is imported only when a pipeline is sent.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 MIN_REPLICAS_SETTING = "TASKLOCK_REDIS_MIN_REPLICAS"
 TIMEOUT_SETTING = "TASKLOCK_REDIS_REPLICA_TIMEOUT"
 DEFAULT_TIMEOUT = timedelta(seconds=1)
-#: Sends of the script and its ``WAIT`` when a cluster moved the key's slot meanwhile.
-_ATTEMPTS = 3
+#: Sends of the script and its ``WAIT``: the script loaded again, or redirected on a cluster.
+_ATTEMPTS = 6
+_TRYAGAIN_PAUSE = 0.05
 
 logger = logging.getLogger("django_tasklock")
 
@@ -101,37 +102,59 @@ def send_and_wait(
     Returns the script's reply and the number of replicas that confirmed.
 
     A script the server does not have (a restart, a failover) is loaded and
-    sent again. On a cluster whose slot map changed during the call (the
-    script followed a ``MOVED`` on another connection), the pair is sent
-    again, so that the ``WAIT`` follows the script where it ran: ``acquire``
-    sent again finds its own lease (and writes it again, which the ``WAIT``
-    then covers); ``fence`` hands out a greater fence.
+    sent again; on a cluster, so is one redirected (see the module's
+    docstring): ``acquire`` sent again finds its own lease (and writes it
+    again, which the ``WAIT`` then covers); ``fence`` hands out a greater fence.
     """
-    from redis.exceptions import NoScriptError
+    from redis.exceptions import (
+        AskError,
+        ConnectionError,
+        MovedError,
+        NoScriptError,
+        TimeoutError,
+        TryAgainError,
+    )
 
     client = scripts.client
-    node_of = getattr(client, "get_node_from_key", None)  # a RedisCluster
+    node = client.get_node_from_key(keys[0]) if scripts.cluster else None
+    asking = False
     for attempt in range(1, _ATTEMPTS + 1):
-        node = node_of(keys[0]) if node_of is not None else None
-        pipe = client.pipeline(transaction=False)
-        # Not pipe.evalsha(), which a cluster pipeline refuses: the command is routed by its key.
+        pipe = (client if node is None else client.get_redis_connection(node)).pipeline(
+            transaction=False
+        )
+        if asking:  # the slot is being migrated to this node: this once, it runs the script
+            pipe.execute_command("ASKING")
         pipe.execute_command("EVALSHA", scripts.shas[name], len(keys), *keys, *args)
-        target = {} if node is None else {"target_nodes": node}
-        pipe.execute_command("WAIT", ack.count, ack.timeout_ms, **target)
-        reply, acked = pipe.execute(raise_on_error=False)
-        if isinstance(reply, NoScriptError) and attempt < _ATTEMPTS:
-            scripts.load()
-            continue
+        pipe.execute_command("WAIT", ack.count, ack.timeout_ms)
+        try:
+            *_, reply, acked = pipe.execute(raise_on_error=False)
+        except (ConnectionError, TimeoutError):
+            if node is not None:  # a master gone: learn the layout again for the next call
+                client.nodes_manager.initialize()
+            raise  # the lock releases the lease by its token (fail closed)
+        if attempt < _ATTEMPTS:
+            if isinstance(reply, NoScriptError):
+                scripts.load()
+                continue
+            if node is not None and isinstance(reply, (MovedError, AskError)):
+                if isinstance(reply, MovedError):
+                    client.nodes_manager.initialize()  # the slot map, learnt again
+                asking = isinstance(reply, AskError)
+                node = client.get_node(host=reply.host, port=reply.port) or _unknown(reply)
+                continue
+            if node is not None and isinstance(reply, TryAgainError):
+                time.sleep(_TRYAGAIN_PAUSE)  # the slot's keys split: the same node, ASKING again
+                continue
         for answer in (reply, acked):
             if isinstance(answer, Exception):
                 raise answer
-        if node_of is not None and node_of(keys[0]) != node:
-            # The slot moved: the WAIT counted another node's connection.
-            if attempt < _ATTEMPTS:
-                continue
-            return reply, 0  # never confirmed where it ran: fail closed
         return reply, int(acked)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _unknown(redirect: Exception) -> Any:
+    """A redirect to a node the client does not know: raised (the lock then releases)."""
+    raise redirect
 
 
 def unconfirmed(

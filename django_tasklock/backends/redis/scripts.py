@@ -126,6 +126,25 @@ redis.call('DEL', KEYS[1])
 redis.call('SET', KEYS[2], ARGV[1], 'PX', keep)
 return 1
 """,
+    # "release" without its tombstone (KEYS[1] only), for a slot being migrated:
+    # there a script whose keys are not all on the node is refused (TRYAGAIN),
+    # and a release's tombstone never exists before it. 1 if ended, 0 if the
+    # key is someone else's, 3 if it is gone.
+    "release_alone": """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 3 end
+local token, at = parse(redis.pcall('GET', KEYS[1]))
+if token ~= ARGV[1] then return 0 end
+local hold = tonumber(ARGV[2])
+if hold > 0 then
+  local left = at + hold - now_ms()
+  if left > 0 then
+    redis.call('PEXPIRE', KEYS[1], left)
+    return 1
+  end
+end
+redis.call('DEL', KEYS[1])
+return 1
+""",
     # ARGV: a token as "inspect" gives it (a foreign value: the whole value).
     # 1 if that lease was deleted; a successor's is never touched.
     "evict": """
