@@ -29,7 +29,9 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from django_tasklock import aio
+from django_tasklock.lock import Lock
 from django_tasklock.service import TaskLockService
+from django_tasklock.signals import lock_acquired
 from django_tasklock.testing import ContractBackend
 from django_tasklock.testing.delegate import DelegatingBackend
 from tests.conftest import database_backend, redis_backend, require_service
@@ -160,3 +162,57 @@ def test_cancelling_around_the_acquisition_releases_once_and_leaves_nothing(
     assert outcome["cancelled"] > 0
     assert not aio._background, f"{len(aio._background)} releases still running after 60 s"
     assert storage.backend.peek(key) is None
+
+
+def test_a_cancellation_landing_once_the_grant_is_the_locks_releases_it_once(
+    storage: ContractBackend, key: str
+) -> None:
+    """The other side of the hand-over: the attempt made the grant the lock's
+    (its ``lock_acquired`` receivers run in its thread) before the cancellation."""
+    granted, go_on = threading.Event(), threading.Event()
+
+    def hold_up(sender: object, **kwargs: Any) -> None:
+        if kwargs["key"] == key:
+            granted.set()
+            go_on.wait(10)
+
+    service = TaskLockService(storage.backend)
+
+    held_when_cancelled: list[bool] = []
+
+    async def caller(lock: Lock) -> None:
+        try:
+            await lock.atry_acquire()
+        except asyncio.CancelledError:
+            # In the step that gave the attempt up: no release can have begun yet.
+            held_when_cancelled.append(lock.held)
+            raise
+
+    async def main() -> tuple[object, list[dict[str, Any]]]:
+        unhandled: list[dict[str, Any]] = []
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _, context: unhandled.append(context))
+        task = asyncio.create_task(caller(service.lock(key, ttl=30)))
+        await asyncio.to_thread(granted.wait, 10)
+        assert granted.is_set()
+        task.cancel()
+        go_on.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(1000):
+            if not aio._background:
+                break
+            await asyncio.sleep(0.01)
+        found = await sync_to_async(storage.backend.peek)(key)
+        await sync_to_async(storage.backend.close)()
+        gc.collect()
+        return found, unhandled
+
+    lock_acquired.connect(hold_up, weak=False)
+    try:
+        found, unhandled = asyncio.run(main())
+    finally:
+        lock_acquired.disconnect(hold_up)
+    assert held_when_cancelled == [True]  # made the lock's first: released by the lock
+    assert found is None
+    assert unhandled == []
