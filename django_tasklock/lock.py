@@ -253,7 +253,10 @@ class Lock(AsyncLockMethods):
             # Expired before it was fenced: not a grant. Clear our row if left.
             discard(backend, self.key, token)
             return False
-        self._lease, self._held, self.fence = lease, True, fence
+        if not self._own(lease, fence):
+            # Its async caller was cancelled and gave the attempt up: not a grant.
+            discard(backend, self.key, token)
+            return False
         try:
             heartbeat().add(lease)
             lease.announce(lock_acquired)

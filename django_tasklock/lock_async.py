@@ -4,13 +4,16 @@
 Each runs the lock's own synchronous steps off the event loop (``aio.off_loop``,
 one thread at a time); only the pauses between looks at a held key are
 ``asyncio.sleep``. A caller cancelled while an attempt is under way leaves the
-attempt to finish in its thread, and what it took is released; a release,
-once started, completes even if its caller is cancelled.
+attempt to finish in its thread, and what it took is released (see
+:class:`Attempt`); a release, once started, completes even if its caller is
+cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from django_tasklock import loss, observe
@@ -30,10 +33,46 @@ if TYPE_CHECKING:
     from django_tasklock.observe import Acquisition
 
 
+class Attempt:
+    """One attempt run off the loop, and whether its caller still awaits it.
+
+    The caller, cancelled, gives the attempt up; the attempt, granted the key,
+    makes the grant the lock's (``held``). Both take one mutex, so exactly one
+    side sees to the release. Given up first, the attempt deletes its row
+    itself, in its thread: that needs no event loop, which may be closing
+    (``asyncio.run`` returning) while the attempt still waits for the storage.
+    Made the lock's first, the lock is held when the caller's
+    ``CancelledError`` is raised, and the caller's side releases it.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self.given_up = False
+        self._owned = False
+
+    def give_up(self) -> bool:
+        """The caller was cancelled: True if the grant is the lock's already (release it)."""
+        with self._mutex:
+            self.given_up = True
+            return self._owned
+
+    def own(self, hold: Callable[[], None]) -> bool:
+        """In the attempt's thread, granted: ``hold()`` unless given up; False if given up."""
+        with self._mutex:
+            if self.given_up:
+                return False
+            hold()
+            self._owned = True
+            return True
+
+
 class AsyncLockMethods(loss.ActsOnLoss):
     """The async methods :class:`~django_tasklock.lock.Lock` inherits, with acting on a loss."""
 
     wait: timedelta
+    fence: int | None
+    #: The async attempt under way in this lock's thread (None: a sync acquisition).
+    _attempt: Attempt | None = None
 
     if TYPE_CHECKING:  # the synchronous steps, defined by Lock
 
@@ -72,11 +111,14 @@ class AsyncLockMethods(loss.ActsOnLoss):
         backoff = Backoff(self.wait)
         look_first = False
         while True:
-            attempt = asyncio.ensure_future(off_loop(self._try_once)(backend, look_first))
+            attempt = Attempt()
+            # Kept (aio.keep): it finishes, and is waited for, whatever becomes of us.
+            running = keep(off_loop(self._attempt_once)(backend, look_first, attempt))
             try:
-                acquired, seconds_left = await asyncio.shield(attempt)
+                acquired, seconds_left = await asyncio.shield(running)
             except asyncio.CancelledError:
-                attempt.add_done_callback(self._undo)
+                if attempt.give_up():  # granted as the cancellation landed
+                    keep(self._undo(running, self._lease))
                 raise
             if acquired:
                 return True
@@ -122,21 +164,44 @@ class AsyncLockMethods(loss.ActsOnLoss):
         if stopped is not None:
             raise stopped from exc
 
-    def _undo(self, attempt: asyncio.Future[tuple[bool, float | None]]) -> None:
-        """Release what an attempt abandoned by a cancelled caller acquired.
+    def _attempt_once(
+        self, backend: BaseBackend, look_first: bool, attempt: Attempt
+    ) -> tuple[bool, float | None]:
+        """``_try_once`` in the lock's thread, for ``attempt`` (see :class:`Attempt`)."""
+        if attempt.given_up:
+            return False, None  # its caller was cancelled before it began: nothing asked
+        self._attempt = attempt
+        try:
+            return self._try_once(backend, look_first)
+        finally:
+            self._attempt = None
 
-        A cancellation that lands as the attempt finishes lets the caller's
-        own clean-up (``if lock.held: await lock.arelease()``) see the grant
-        too: whichever comes second finds the lease released and does nothing.
+    def _own(self, lease: Lease, fence: int | None) -> bool:
+        """Make a grant this lock's (``held``); False if its async caller gave the attempt up."""
+        attempt = self._attempt
+        if attempt is None:
+            self._hold(lease, fence)
+            return True
+        return attempt.own(lambda: self._hold(lease, fence))
+
+    def _hold(self, lease: Lease, fence: int | None) -> None:
+        self._lease, self._held, self.fence = lease, True, fence
+
+    async def _undo(
+        self, attempt: asyncio.Future[tuple[bool, float | None]], lease: Lease | None
+    ) -> None:
+        """Release the grant an attempt made the lock's as its caller was cancelled.
+
+        The caller's own clean-up (``if lock.held: await lock.arelease()``)
+        sees the grant too: whichever comes second finds the lease released
+        and does nothing.
         """
-        if attempt.cancelled() or attempt.exception() is not None:
-            return
-        if attempt.result()[0]:
-            keep(off_loop(self._release_if_held)(self._lease))
+        await asyncio.wait([attempt])  # its end (heartbeat, signal), not its outcome
+        await off_loop(self._release_if_held)(lease)
 
     def _release_if_held(self, lease: Lease | None) -> None:
         # Run where every step of this lock runs (``off_loop``: one thread at a
         # time), so the check and the release are never interleaved with
-        # another release; ``lease`` is the grant the abandoned attempt made.
+        # another release; ``lease`` is the grant the abandoned attempt made the lock's.
         if self._held and self._lease is lease:
             self.release()
