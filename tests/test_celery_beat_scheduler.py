@@ -89,6 +89,21 @@ def test_the_same_term_does_not_move_the_schedule_again(make: Any) -> None:
     assert first.schedule["hourly"].last_run_at == moved
 
 
+def test_a_force_released_leader_fires_nothing_once_a_standby_took_over(make: Any) -> None:
+    # Before: the old leader's tick trusted its lease until the heartbeat's next
+    # refresh (ttl / 3), and fired every tick due meanwhile, as the new one did.
+    from django_tasklock.backends import get_backend
+
+    first, second = make("first"), make("second")
+    first.tick()
+    assert get_backend().force_release(first.leadership.key) is not None
+    second.tick()
+    assert second.leadership.is_leader
+    assert first.tick() == 0.25  # a standby now: it fired nothing
+    assert not first.leadership.is_leader
+    assert second.leadership.is_leader
+
+
 def test_the_standby_defaults_follow_the_leadership_defaults(app: Any, tmp_path: Path) -> None:
     from django_tasklock.contrib.celery import LeaderScheduler
 

@@ -158,3 +158,25 @@ def test_repr_says_leader_or_standby(any_backend: ContractBackend, key: str) -> 
     first.poll()
     assert repr(first) == f"<Leadership {key!r} leader>"
     first.stop()
+
+
+def test_a_force_released_leader_stops_leading_at_its_next_poll_not_its_next_refresh(
+    any_backend: ContractBackend, key: str
+) -> None:
+    # A force release lets a standby in at once; the old leader's heartbeat
+    # would notice only at its next refresh (ttl / 3 = 10 s here). Before this
+    # test, the old leader's poll() said True for those 10 s: two leaders, and
+    # a Celery beat fired every tick twice meanwhile.
+    first = Leadership(key, ttl=30, backend=any_backend.backend)
+    second = Leadership(key, ttl=30, backend=any_backend.backend)
+    try:
+        assert first.poll()
+        assert any_backend.backend.force_release(key) is not None
+        assert second.poll()  # the key is free: the standby takes it at once
+        assert first.poll() is False
+        assert (first.is_leader, first.leader_since) == (False, None)
+        assert second.poll()  # the old leader took nothing back from the new one
+        assert any_backend.backend.peek(key) is not None
+    finally:
+        first.stop()
+        second.stop()
