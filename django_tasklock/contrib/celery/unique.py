@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from celery import Task
+from celery.exceptions import Retry
 from celery.signals import task_revoked
 
 from django_tasklock.durations import Duration
@@ -40,9 +41,9 @@ class UniqueTask(Task):  # type: ignore[misc]
       worker's heartbeat refreshes it every ``unique_ttl / 3``.
 
     A message re-sent by the task itself (``self.retry()``) keeps the key it
-    carries instead of taking it again; it waits for its retry without holding
-    the key (see docs/unique-tasks.md). ``send_task()`` by name, which does not
-    go through this class, takes no key.
+    carries instead of taking it again, and the key stays held while it waits
+    for its retry (up to ``unique_ttl``; see docs/unique-tasks.md).
+    ``send_task()`` by name, which does not go through this class, takes no key.
     """
 
     unique_on: ClassVar[KeySpec] = None
@@ -91,6 +92,7 @@ class UniqueTask(Task):  # type: ignore[misc]
             lambda: super(UniqueTask, self).__call__(*args, **kwargs),
             ttl=self.unique_ttl,
             name=self.name,
+            sent_again=(Retry,),  # self.retry() sent it again with the claim
         )
         return result
 
