@@ -104,6 +104,19 @@ def test_a_force_released_leader_fires_nothing_once_a_standby_took_over(make: An
     assert second.leadership.is_leader
 
 
+def test_a_leader_never_sleeps_through_the_window_in_which_it_renews_its_term(
+    make: Any,
+) -> None:
+    # A term is renewed at a poll in its last ttl before the 24 h cap. Before,
+    # the leader slept as long as Celery said (beat_max_interval, 300 s, with
+    # nothing due for an hour), mostly past that ttl-wide window (5 s here):
+    # the lease reached its cap, was declared lost and a standby took over.
+    first = make("first")
+    interval = first.tick()
+    assert first.leadership.is_leader
+    assert 0 < interval <= first.leadership.ttl.total_seconds() / 2
+
+
 def test_the_standby_defaults_follow_the_leadership_defaults(app: Any, tmp_path: Path) -> None:
     from django_tasklock.contrib.celery import LeaderScheduler
 

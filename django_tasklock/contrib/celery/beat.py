@@ -51,7 +51,11 @@ class LeaderMixin:
         super().__init__(*args, **kwargs)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        """One pass: fire what is due if this process leads; else wait ``retry_interval``."""
+        """One pass: fire what is due if this process leads; else wait ``retry_interval``.
+
+        A leader sleeps ``ttl / 2`` at most between two passes, each of which
+        polls the leadership first (one read of the key).
+        """
         self.leadership.poll()
         since = self.leadership.leader_since
         if since is None:
@@ -61,7 +65,9 @@ class LeaderMixin:
             self.move_to_now()
             self._term = since
         interval: float = super().tick(*args, **kwargs)  # type: ignore[misc]
-        return interval
+        # Look again within ttl / 2 at most, whatever is due: the poll near the
+        # 24 h cap that renews the term must fall in its last ttl.
+        return min(interval, self.leadership.ttl.total_seconds() / 2)
 
     def move_to_now(self) -> None:
         """Count every entry as run now: the next run sent is the first due from now on.
