@@ -126,6 +126,21 @@ def test_the_standby_defaults_follow_the_leadership_defaults(app: Any, tmp_path:
     assert scheduler.leadership.ttl == timedelta(seconds=30)
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [("tasklock_beat_ttl", "ttl must be positive"), ("tasklock_beat_retry_interval", "retry")],
+)
+def test_a_zero_setting_is_refused_naming_it(
+    app: Any, tmp_path: Path, setting: str, message: str
+) -> None:
+    # Before: 0 was taken for "unset", and the default (30 s, 1 s) used silently.
+    from django_tasklock.contrib.celery import LeaderScheduler
+
+    app.conf[setting] = 0
+    with pytest.raises(ValueError, match=f"tasklock_beat_.*{message}"):
+        LeaderScheduler(app=app, schedule_filename=str(tmp_path / "s"), lazy=True)
+
+
 def test_check_names_the_extra_when_celery_is_missing_for_the_scheduler_setting(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

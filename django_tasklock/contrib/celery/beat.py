@@ -42,11 +42,15 @@ class LeaderMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         app: Any = kwargs["app"] if "app" in kwargs else args[0]
         conf = app.conf
-        self.leadership = Leadership(
-            conf.get("tasklock_beat_key") or f"celery-beat:{app.main or 'celery'}",
-            ttl=conf.get("tasklock_beat_ttl") or DEFAULT_TTL,
-            retry_interval=conf.get("tasklock_beat_retry_interval") or DEFAULT_RETRY_INTERVAL,
-        )
+        ttl, retry = conf.get("tasklock_beat_ttl"), conf.get("tasklock_beat_retry_interval")
+        try:
+            self.leadership = Leadership(
+                conf.get("tasklock_beat_key") or f"celery-beat:{app.main or 'celery'}",
+                ttl=DEFAULT_TTL if ttl is None else ttl,
+                retry_interval=DEFAULT_RETRY_INTERVAL if retry is None else retry,
+            )
+        except (TypeError, ValueError) as exc:  # a 0 was taken for "unset" before
+            raise type(exc)(f"Celery setting tasklock_beat_*: {exc}") from exc
         self._term: datetime | None = None  # the term the schedule was moved forward for
         super().__init__(*args, **kwargs)
 
