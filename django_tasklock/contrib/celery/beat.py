@@ -64,6 +64,7 @@ class LeaderMixin:
         since = self.leadership.leader_since
         if since is None:
             self._term = None
+            self._forget_unsaved()
             return min(self.leadership.retry_interval.total_seconds(), self.max_interval)
         if since != self._term:
             self.move_to_now()
@@ -90,8 +91,21 @@ class LeaderMixin:
                 dirty.add(entry.name)
         self._heap = None  # rebuilt from the moved entries at the next tick
 
+    def _forget_unsaved(self) -> None:
+        """Drop the rows a past term marked for saving (django-celery-beat's ``_dirty``).
+
+        Their ``last_run_at`` predate the next leader's term; saved later (at
+        this beat's close, say) they would overwrite the next leader's rows,
+        and its next read of them would fire those runs again.
+        """
+        dirty = getattr(self, "_dirty", None)
+        if isinstance(dirty, set):
+            dirty.clear()
+
     def close(self) -> None:
-        """Sync as Celery does, then let go of the leadership: a standby takes over at once."""
+        """Sync as Celery does (a leader only), then let go of the leadership."""
+        if not self.leadership.is_leader or self.leadership.leader_since != self._term:
+            self._forget_unsaved()
         try:
             super().close()  # type: ignore[misc]
         finally:
