@@ -84,11 +84,18 @@ def _redis_database_of_this_worker(url: str) -> str:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not worker.startswith("gw") or not worker[2:].isdigit():
         return url
+    if os.environ.get(_REDIS_SHIFTED_FOR) == worker:
+        return url  # this worker's already (service_url is called more than once)
     parts = urlsplit(url)
     if parts.scheme not in {"redis", "rediss"}:
         return url
     base = int(parts.path.strip("/") or "0")
+    os.environ[_REDIS_SHIFTED_FOR] = worker
     return parts._replace(path=f"/{(base - int(worker[2:])) % 16}").geturl()
+
+
+#: The xdist worker whose database ``REDIS_ENV`` names already (inherited by its subprocesses).
+_REDIS_SHIFTED_FOR = "TASKLOCK_TEST_REDIS_WORKER"
 
 
 def _missing(name: str, reason: str) -> None:
