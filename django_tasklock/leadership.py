@@ -78,6 +78,7 @@ class Leadership:
         self.retry_interval = to_timedelta("retry_interval", retry_interval)
         self._since: datetime | None = None
         self._term_began = 0.0  # clock() when this term's lease was asked for
+        self._unreachable = False  # the last look failed (its warning was logged)
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -161,17 +162,22 @@ class Leadership:
     def _campaign(self, renewing: bool) -> bool:
         asked_at = clock()
         try:
-            if not renewing and self._lock.backend.peek(self.key) is not None:
-                return False
-            acquired = self._lock.try_acquire()
+            held = not renewing and self._lock.backend.peek(self.key) is not None
+            acquired = not held and self._lock.try_acquire()
         except Exception:
-            logger.warning(
+            # Once per outage: a standby looks every retry_interval (1 s by default).
+            logger.log(
+                logging.DEBUG if self._unreachable else logging.WARNING,
                 "Leadership %r: the storage could not be reached; still a standby.",
                 self.key,
                 exc_info=True,
             )
+            self._unreachable = True
             self._since = None
             return False
+        if self._unreachable:
+            self._unreachable = False
+            logger.info("Leadership %r: the storage answers again.", self.key)
         if not acquired:
             self._since = None
             return False
