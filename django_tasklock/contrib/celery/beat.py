@@ -104,6 +104,8 @@ class LeaderMixin:
 
     def close(self) -> None:
         """Sync as Celery does (a leader only), then let go of the leadership."""
+        if self.leadership.is_leader:
+            self.leadership.poll()  # one read: a force release may have ended the term
         if not self.leadership.is_leader or self.leadership.leader_since != self._term:
             self._forget_unsaved()
         try:
