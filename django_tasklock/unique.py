@@ -8,8 +8,10 @@ A claim is a lease. The caller that enqueues takes it, under a fresh token
 that travels with the task (:func:`claim`). The worker that runs the task takes
 the same lease over by that token (:class:`ClaimedLock`), keeps it alive with
 the heartbeat while the task runs, and releases it when the task ends, whether
-it returned or raised. Nobody ever has to clear a flag: a task whose worker
-died, or that never reaches a worker, frees its key when the lease runs out,
+it returned or raised (unless it was sent again with its token, a retry: then
+the lease is left to that task, :meth:`ClaimedLock.hand_on`). Nobody ever has
+to clear a flag: a task whose worker died, or that never reaches a worker,
+frees its key when the lease runs out,
 ``ttl`` after the last refresh (or after the enqueue, while it waits).
 
 The task framework integrations (``django_tasklock.contrib.celery``,

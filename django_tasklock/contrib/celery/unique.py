@@ -4,8 +4,9 @@
 and raise :class:`~django_tasklock.exceptions.AlreadyEnqueued` while an
 identical task (same key) is queued or running. The key travels with the
 message (a header); the worker that runs the task keeps the key's lease
-alive, and frees it when the task returns, raises or is revoked. A worker that
-dies, or a message that is lost, frees it when the lease runs out (``unique_ttl``).
+alive, and frees it when the task returns, raises or is revoked (a ``Retry``
+leaves it to the retry). A worker that dies, or a message that is lost, frees
+it when the lease runs out (``unique_ttl``).
 See docs/unique-tasks.md.
 """
 
