@@ -5,9 +5,11 @@ same key; at any moment at most one of them :attr:`~Leadership.is_leader`. The
 leader's lease is kept alive by the process's heartbeat. When the leader dies,
 its lease runs out after ``ttl`` and a standby takes it at its next look (every
 ``retry_interval``). A leader that loses its lease while alive (the storage
-unreachable for a ttl, a force release, a long pause) stops being leader at its
-local deadline, which comes before the storage lets a standby in, and becomes a
-standby itself.
+unreachable for a ttl, a long pause) stops being leader at its local deadline,
+which comes before the storage lets a standby in, and becomes a standby itself.
+A force release lets a standby in at once: the old leader finds out at its next
+:meth:`~Leadership.poll` (one read), so poll right before what only the leader
+may do, as the schedulers do.
 
 Nothing here knows a scheduler: ``django_tasklock.contrib.celery`` and
 ``django_tasklock.contrib.apscheduler`` build on it.
@@ -20,11 +22,12 @@ import threading
 from datetime import datetime, timedelta, timezone
 from types import TracebackType
 
-from django_tasklock.backends.base import BaseBackend
+from django_tasklock.backends.base import BaseBackend, lease_id
 from django_tasklock.durations import Duration, to_timedelta
 from django_tasklock.lease import clock
 from django_tasklock.lock import Lock
 from django_tasklock.options import MAX_LIFETIME_LIMIT
+from django_tasklock.reasons import RELEASED_BY_OPERATOR, TAKEN
 
 logger = logging.getLogger("django_tasklock")
 
@@ -75,6 +78,7 @@ class Leadership:
         self.retry_interval = to_timedelta("retry_interval", retry_interval)
         self._since: datetime | None = None
         self._term_began = 0.0  # clock() when this term's lease was asked for
+        self._unreachable = False  # the last look failed (its warning was logged)
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -94,7 +98,8 @@ class Leadership:
     def is_leader(self) -> bool:
         """True while this process holds the lease and its local deadline has not passed.
 
-        No storage call: safe to read before each thing only the leader may do.
+        No storage call, so it does not see a force release until the next
+        :meth:`poll` or heartbeat refresh; :meth:`poll` (one read) does.
         """
         return self._lock.held and not self._lock.lost
 
@@ -110,24 +115,45 @@ class Leadership:
     def poll(self) -> bool:
         """Look once: keep, renew or take the leadership if possible; return :attr:`is_leader`.
 
-        A leader costs nothing here (its lease is the heartbeat's to refresh);
-        a standby reads the key, and tries to take it only when it is free.
-        A storage error is logged, never raised: the process stays (or becomes)
-        a standby and looks again at the next poll.
+        Either way one read of the key: a leader checks that its lease is still
+        there (a force release lets a standby in at once, before the
+        heartbeat's next refresh would notice); a standby tries to take the
+        key only when it is free. A storage error is logged, never raised: a
+        standby stays one and looks again at the next poll; a leader stays
+        leader until its local deadline, as its lease does.
         """
         with self._mutex:
             renewing = False
             if self._lock.held:
                 if not self._lock.lost:
-                    if clock() < self._renew_at():
+                    if clock() >= self._renew_at():
+                        renewing = True  # the 24 h cap is near: let go and take it again
+                    elif self._still_ours():
                         return True
-                    renewing = True  # the 24 h cap is near: let go and take it again
-                else:
+                if not renewing:
                     logger.warning("Leadership %r lost; now a standby.", self.key)
                 self._lock.release()
                 if not renewing:
                     self._since = None
             return self._campaign(renewing)
+
+    def _still_ours(self) -> bool:
+        """One read: is the lease at the key still this term's? Declares the loss if not.
+
+        A force release lets a standby in at once, long before the heartbeat's
+        next refresh would tell this process. Unreachable storage proves
+        nothing: the local deadline still holds, and ends the term in time.
+        """
+        lease = self._lock._lease
+        assert lease is not None  # held
+        try:
+            seen = self._lock.backend.peek(self.key)
+        except Exception:
+            return True
+        if seen is not None and seen.lease in ("", lease_id(lease.token)):
+            return True  # ours ("": a backend that does not name leases cannot tell)
+        lease.declare(TAKEN if seen is not None else RELEASED_BY_OPERATOR)
+        return False
 
     def _renew_at(self) -> float:
         options = self._lock.options
@@ -136,17 +162,22 @@ class Leadership:
     def _campaign(self, renewing: bool) -> bool:
         asked_at = clock()
         try:
-            if not renewing and self._lock.backend.peek(self.key) is not None:
-                return False
-            acquired = self._lock.try_acquire()
+            held = not renewing and self._lock.backend.peek(self.key) is not None
+            acquired = not held and self._lock.try_acquire()
         except Exception:
-            logger.warning(
+            # Once per outage: a standby looks every retry_interval (1 s by default).
+            logger.log(
+                logging.DEBUG if self._unreachable else logging.WARNING,
                 "Leadership %r: the storage could not be reached; still a standby.",
                 self.key,
                 exc_info=True,
             )
+            self._unreachable = True
             self._since = None
             return False
+        if self._unreachable:
+            self._unreachable = False
+            logger.info("Leadership %r: the storage answers again.", self.key)
         if not acquired:
             self._since = None
             return False

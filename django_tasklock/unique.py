@@ -8,8 +8,10 @@ A claim is a lease. The caller that enqueues takes it, under a fresh token
 that travels with the task (:func:`claim`). The worker that runs the task takes
 the same lease over by that token (:class:`ClaimedLock`), keeps it alive with
 the heartbeat while the task runs, and releases it when the task ends, whether
-it returned or raised. Nobody ever has to clear a flag: a task whose worker
-died, or that never reaches a worker, frees its key when the lease runs out,
+it returned or raised (unless it was sent again with its token, a retry: then
+the lease is left to that task, :meth:`ClaimedLock.hand_on`). Nobody ever has
+to clear a flag: a task whose worker died, or that never reaches a worker,
+frees its key when the lease runs out,
 ``ttl`` after the last refresh (or after the enqueue, while it waits).
 
 The task framework integrations (``django_tasklock.contrib.celery``,
@@ -22,11 +24,12 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
-from django_tasklock import loss
+from django_tasklock import loss, observe
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend
 from django_tasklock.durations import Duration
 from django_tasklock.exceptions import AlreadyEnqueued
+from django_tasklock.heartbeat import heartbeat
 from django_tasklock.lease import new_token
 from django_tasklock.lock import Lock
 from django_tasklock.options import LockOptions, validate_key
@@ -100,6 +103,35 @@ class ClaimedLock(Lock):
             self.key, token, ttl=self.options.ttl, max_lifetime=self.options.max_lifetime
         )
 
+    def hand_on(self) -> None:
+        """Let go of the lease without ending it: the task was sent again with its token.
+
+        The lease is extended to ``ttl`` from now and left to whichever worker
+        runs the re-sent task (which takes it over by the token, as for any
+        claim), so that the key stays held while that task waits. A release
+        here would delete it even after that worker took it over. Raises
+        ``RuntimeError`` if this lock is not held.
+        """
+        lease = self._lease
+        if lease is None or not self._held:
+            raise RuntimeError(f"task lock {self.key!r} is not held")
+        self._held = False
+        try:
+            heartbeat().remove(lease, wait=True)  # a refresh under way lands first
+            self.backend.refresh(
+                self.key, lease.token, ttl=self.options.ttl, max_lifetime=self.options.max_lifetime
+            )
+        except Exception:
+            logger.warning(
+                "Extending the unique key %r for the task sent again failed; it is "
+                "free once its ttl has passed.",
+                self.key,
+                exc_info=True,
+            )
+        finally:
+            if observe.observer is not None:
+                observe.observer.released(lease)
+
 
 def run_claimed(
     key: str,
@@ -109,12 +141,15 @@ def run_claimed(
     ttl: Duration,
     name: str = "task",
     backend: BaseBackend | None = None,
+    sent_again: tuple[type[BaseException], ...] = (),
 ) -> tuple[bool, T | None]:
     """Run ``fn()`` under the task's claim, then free the key: ``(ran, result)``.
 
     When an identical task enqueued since holds the key (this one waited in
     the queue longer than ``ttl``), ``fn`` does not run: ``(False, None)``,
-    logged at INFO. Whatever ``fn`` raises propagates, after the release.
+    logged at INFO. Whatever ``fn`` raises propagates, after the release;
+    one of ``sent_again`` (the framework's "retry" exception: the task was
+    sent again with its token) hands the claim on instead of freeing it.
     """
     lock = ClaimedLock(key, token, ttl=ttl, backend=backend)
     if not lock.try_acquire():
@@ -125,11 +160,17 @@ def run_claimed(
             key,
         )
         return False, None
+    handed_on = False
     try:
         context = loss.enter(lock, stop=False)
         try:
             return True, fn()
+        except sent_again:
+            handed_on = True
+            lock.hand_on()
+            raise
         finally:
             loss.leave(context)
     finally:
-        lock.release()
+        if not handed_on:
+            lock.release()

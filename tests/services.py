@@ -90,8 +90,16 @@ def _redis_database_of_this_worker(url: str) -> str:
     parts = urlsplit(url)
     if not index + shift or parts.scheme not in {"redis", "rediss"}:
         return url
+    mark = f"{worker}+{shift}"
+    if os.environ.get(_REDIS_SHIFTED_FOR) == mark:
+        return url  # shifted already (service_url is called more than once)
+    os.environ[_REDIS_SHIFTED_FOR] = mark
     base = int(parts.path.strip("/") or "0")
     return parts._replace(path=f"/{(base - shift - index) % 16}").geturl()
+
+
+#: The xdist worker whose database ``REDIS_ENV`` names already (inherited by its subprocesses).
+_REDIS_SHIFTED_FOR = "TASKLOCK_TEST_REDIS_WORKER"
 
 
 def _missing(name: str, reason: str) -> None:

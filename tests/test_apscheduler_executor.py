@@ -74,3 +74,29 @@ def test_a_key_makes_a_leadership_with_its_options() -> None:
     assert executor.leadership.ttl == timedelta(seconds=12)
     with pytest.raises(ValueError, match="retry_interval must be positive"):
         LeaderExecutor(ThreadPoolExecutor(), "nightly", retry_interval=0)
+
+
+def test_a_force_released_leader_runs_nothing_more_after_its_next_look(
+    any_backend: ContractBackend, key: str
+) -> None:
+    # Before: the leadership thread's poll() trusted the lease until the
+    # heartbeat's next refresh (ttl / 3 = 10 s here): the old leader kept
+    # running the job every 0.1 s while the new leader ran it too.
+    processes.require_module("apscheduler")
+    ran: list[str] = []
+    first_lead = Leadership(key, ttl=30, retry_interval=0.2, backend=any_backend.backend)
+    first = scheduler("first", first_lead, ran)
+    first.start()
+    try:
+        wait(lambda: ran.count("first") >= 3)
+        assert any_backend.backend.force_release(key) is not None
+        second_lead = Leadership(key, ttl=30, backend=any_backend.backend)
+        assert second_lead.poll()  # the new leader, from now on
+        wait(lambda: not first_lead.is_leader, timeout=5)  # its next look, 0.2 s on
+        time.sleep(0.3)  # a run under way when it looked may still end
+        after = ran.count("first")
+        time.sleep(1.5)
+        assert ran.count("first") == after
+        second_lead.stop()
+    finally:
+        first.shutdown()

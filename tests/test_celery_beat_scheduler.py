@@ -89,6 +89,34 @@ def test_the_same_term_does_not_move_the_schedule_again(make: Any) -> None:
     assert first.schedule["hourly"].last_run_at == moved
 
 
+def test_a_force_released_leader_fires_nothing_once_a_standby_took_over(make: Any) -> None:
+    # Before: the old leader's tick trusted its lease until the heartbeat's next
+    # refresh (ttl / 3), and fired every tick due meanwhile, as the new one did.
+    from django_tasklock.backends import get_backend
+
+    first, second = make("first"), make("second")
+    first.tick()
+    assert get_backend().force_release(first.leadership.key) is not None
+    second.tick()
+    assert second.leadership.is_leader
+    assert first.tick() == 0.25  # a standby now: it fired nothing
+    assert not first.leadership.is_leader
+    assert second.leadership.is_leader
+
+
+def test_a_leader_never_sleeps_through_the_window_in_which_it_renews_its_term(
+    make: Any,
+) -> None:
+    # A term is renewed at a poll in its last ttl before the 24 h cap. Before,
+    # the leader slept as long as Celery said (beat_max_interval, 300 s, with
+    # nothing due for an hour), mostly past that ttl-wide window (5 s here):
+    # the lease reached its cap, was declared lost and a standby took over.
+    first = make("first")
+    interval = first.tick()
+    assert first.leadership.is_leader
+    assert 0 < interval <= first.leadership.ttl.total_seconds() / 2
+
+
 def test_the_standby_defaults_follow_the_leadership_defaults(app: Any, tmp_path: Path) -> None:
     from django_tasklock.contrib.celery import LeaderScheduler
 
@@ -96,6 +124,21 @@ def test_the_standby_defaults_follow_the_leadership_defaults(app: Any, tmp_path:
     scheduler = LeaderScheduler(app=app, schedule_filename=str(tmp_path / "s"), lazy=True)
     assert scheduler.leadership.key == "celery-beat:leader-tests"
     assert scheduler.leadership.ttl == timedelta(seconds=30)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [("tasklock_beat_ttl", "ttl must be positive"), ("tasklock_beat_retry_interval", "retry")],
+)
+def test_a_zero_setting_is_refused_naming_it(
+    app: Any, tmp_path: Path, setting: str, message: str
+) -> None:
+    # Before: 0 was taken for "unset", and the default (30 s, 1 s) used silently.
+    from django_tasklock.contrib.celery import LeaderScheduler
+
+    app.conf[setting] = 0
+    with pytest.raises(ValueError, match=f"tasklock_beat_.*{message}"):
+        LeaderScheduler(app=app, schedule_filename=str(tmp_path / "s"), lazy=True)
 
 
 def test_check_names_the_extra_when_celery_is_missing_for_the_scheduler_setting(

@@ -166,3 +166,25 @@ def test_a_retry_carries_the_key_it_was_sent_with(tasks: Any, tmp_path: Path) ->
     tasks.retry_unique.delay(name, str(tmp_path))
     wait_until(lambda: len(runs(tmp_path, name)) == 2, 30, "the retry did not run")
     wait_until(lambda: free(f"unique:{name}"), 10, "the retried task kept its key")
+
+
+def test_a_retry_that_starts_before_its_first_attempt_ended_keeps_the_key(
+    tasks: Any, tmp_path: Path
+) -> None:
+    # The retry carries the first attempt's token. Before: the retry, started
+    # in the other worker process while the first attempt was still ending,
+    # took the lease over by that token, and the first attempt's release then
+    # deleted it: the key was free while the retry ran, and an identical task
+    # was accepted and ran alongside it.
+    name = f"retry-slowly-{uuid.uuid4().hex[:8]}"
+    tasks.retry_slowly.delay(name, str(tmp_path))
+    wait_for(tmp_path / f"{name}.holding")  # the retry runs, and holds
+    wait_until(lambda: len(runs(tmp_path, name)) == 2, 30, "the retry did not run")
+    time.sleep(2)  # the first attempt has ended by now (0.5 s after the retry began)
+    try:
+        assert not free(f"unique:{name}")
+        with pytest.raises(AlreadyEnqueued):
+            tasks.retry_slowly.delay(name, str(tmp_path))
+    finally:
+        (tmp_path / f"{name}.release").touch()
+    wait_until(lambda: free(f"unique:{name}"), 10, "the retry kept its key")

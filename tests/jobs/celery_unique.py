@@ -7,6 +7,8 @@ wait for the test's ``<name>.release`` file (see ``tests.jobs.hold``).
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 from typing import Any
 
 import django
@@ -15,7 +17,7 @@ from django.apps import apps
 from kombu.entity import Queue
 
 from django_tasklock.contrib.celery import UniqueTask
-from tests.jobs import hold, ran
+from tests.jobs import hold, ran, wait_for
 
 if not apps.ready:
     django.setup()
@@ -59,3 +61,17 @@ def retry_unique(self: Any, name: str, signals: str) -> str:
     if self.request.retries == 0:
         raise self.retry(countdown=0)
     return f"ran:{name}:attempt {self.request.retries}"
+
+
+@shared_task(bind=True, base=UniqueTask, unique_on="unique:{name}", unique_ttl=60, max_retries=1)
+def retry_slowly(self: Any, name: str, signals: str) -> str:
+    """Asks for one retry at once, then takes its time to end (the retry may start
+    meanwhile, in the other worker process); the retry holds until released."""
+    ran(name, signals)
+    if self.request.retries == 0:
+        try:
+            raise self.retry(countdown=0)
+        finally:
+            wait_for(Path(signals) / f"{name}.holding")  # the retry runs, in the other process
+            time.sleep(0.5)
+    return hold(name, signals)

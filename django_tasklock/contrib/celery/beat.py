@@ -42,26 +42,37 @@ class LeaderMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         app: Any = kwargs["app"] if "app" in kwargs else args[0]
         conf = app.conf
-        self.leadership = Leadership(
-            conf.get("tasklock_beat_key") or f"celery-beat:{app.main or 'celery'}",
-            ttl=conf.get("tasklock_beat_ttl") or DEFAULT_TTL,
-            retry_interval=conf.get("tasklock_beat_retry_interval") or DEFAULT_RETRY_INTERVAL,
-        )
+        ttl, retry = conf.get("tasklock_beat_ttl"), conf.get("tasklock_beat_retry_interval")
+        try:
+            self.leadership = Leadership(
+                conf.get("tasklock_beat_key") or f"celery-beat:{app.main or 'celery'}",
+                ttl=DEFAULT_TTL if ttl is None else ttl,
+                retry_interval=DEFAULT_RETRY_INTERVAL if retry is None else retry,
+            )
+        except (TypeError, ValueError) as exc:  # a 0 was taken for "unset" before
+            raise type(exc)(f"Celery setting tasklock_beat_*: {exc}") from exc
         self._term: datetime | None = None  # the term the schedule was moved forward for
         super().__init__(*args, **kwargs)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        """One pass: fire what is due if this process leads; else wait ``retry_interval``."""
+        """One pass: fire what is due if this process leads; else wait ``retry_interval``.
+
+        A leader sleeps ``ttl / 2`` at most between two passes, each of which
+        polls the leadership first (one read of the key).
+        """
         self.leadership.poll()
         since = self.leadership.leader_since
         if since is None:
             self._term = None
+            self._forget_unsaved()
             return min(self.leadership.retry_interval.total_seconds(), self.max_interval)
         if since != self._term:
             self.move_to_now()
             self._term = since
         interval: float = super().tick(*args, **kwargs)  # type: ignore[misc]
-        return interval
+        # Look again within ttl / 2 at most, whatever is due: the poll near the
+        # 24 h cap that renews the term must fall in its last ttl.
+        return min(interval, self.leadership.ttl.total_seconds() / 2)
 
     def move_to_now(self) -> None:
         """Count every entry as run now: the next run sent is the first due from now on.
@@ -80,8 +91,23 @@ class LeaderMixin:
                 dirty.add(entry.name)
         self._heap = None  # rebuilt from the moved entries at the next tick
 
+    def _forget_unsaved(self) -> None:
+        """Drop the rows a past term marked for saving (django-celery-beat's ``_dirty``).
+
+        Their ``last_run_at`` predate the next leader's term; saved later (at
+        this beat's close, say) they would overwrite the next leader's rows,
+        and its next read of them would fire those runs again.
+        """
+        dirty = getattr(self, "_dirty", None)
+        if isinstance(dirty, set):
+            dirty.clear()
+
     def close(self) -> None:
-        """Sync as Celery does, then let go of the leadership: a standby takes over at once."""
+        """Sync as Celery does (a leader only), then let go of the leadership."""
+        if self.leadership.is_leader:
+            self.leadership.poll()  # one read: a force release may have ended the term
+        if not self.leadership.is_leader or self.leadership.leader_since != self._term:
+            self._forget_unsaved()
         try:
             super().close()  # type: ignore[misc]
         finally:

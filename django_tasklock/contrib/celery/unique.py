@@ -4,8 +4,9 @@
 and raise :class:`~django_tasklock.exceptions.AlreadyEnqueued` while an
 identical task (same key) is queued or running. The key travels with the
 message (a header); the worker that runs the task keeps the key's lease
-alive, and frees it when the task returns, raises or is revoked. A worker that
-dies, or a message that is lost, frees it when the lease runs out (``unique_ttl``).
+alive, and frees it when the task returns, raises or is revoked (a ``Retry``
+leaves it to the retry). A worker that dies, or a message that is lost, frees
+it when the lease runs out (``unique_ttl``).
 See docs/unique-tasks.md.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from celery import Task
+from celery.exceptions import Retry
 from celery.signals import task_revoked
 
 from django_tasklock.durations import Duration
@@ -40,9 +42,9 @@ class UniqueTask(Task):  # type: ignore[misc]
       worker's heartbeat refreshes it every ``unique_ttl / 3``.
 
     A message re-sent by the task itself (``self.retry()``) keeps the key it
-    carries instead of taking it again; it waits for its retry without holding
-    the key (see docs/unique-tasks.md). ``send_task()`` by name, which does not
-    go through this class, takes no key.
+    carries instead of taking it again, and the key stays held while it waits
+    for its retry (up to ``unique_ttl``; see docs/unique-tasks.md).
+    ``send_task()`` by name, which does not go through this class, takes no key.
     """
 
     unique_on: ClassVar[KeySpec] = None
@@ -91,6 +93,7 @@ class UniqueTask(Task):  # type: ignore[misc]
             lambda: super(UniqueTask, self).__call__(*args, **kwargs),
             ttl=self.unique_ttl,
             name=self.name,
+            sent_again=(Retry,),  # self.retry() sent it again with the claim
         )
         return result
 
