@@ -61,6 +61,11 @@ if REDIS_URL:
 
 TASKLOCK_BACKEND = "database"
 
+# Tests log users in (the admin page, in a browser too): a fast hasher, so that a
+# login is not seconds of PBKDF2 on a loaded machine (a browser test's 10 s wait
+# for the logged-in page ran out in a CI run).
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
 # Huey (tests/test_huey.py): the queue the test enqueues on, its own on the shared
 # Redis server; the run_huey consumers are told its name. Nothing connects until then.
 HUEY = {
