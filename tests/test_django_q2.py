@@ -51,8 +51,14 @@ def schedules(
         if services.IN_CI:
             pytest.fail(f"CI=true and {reason}")
         pytest.skip(reason)
+    from django.contrib import admin
     from django.core.management import call_command
 
+    # Installing django_q runs every app's ready() again: the admin's autodiscovery
+    # then registers django_q's models on the admin site, where they would outlive
+    # the override (the admin index of a later test in this process failed on the
+    # app it no longer finds).
+    registered = dict(admin.site._registry)
     with (
         # Read when django_q is first imported (as the app is installed): the test's
         # scheduler sends tasks to the cluster's queue, on the "postgres" alias.
@@ -72,8 +78,12 @@ def schedules(
             "TASKLOCK_TEST_Q2_DATABASE": str(connections["postgres"].settings_dict["NAME"]),
         }
         log = tmp_path_factory.mktemp("qcluster") / "qcluster.log"
-        with processes.worker(["django", "qcluster"], env, log):
-            yield Schedule.objects
+        try:
+            with processes.worker(["django", "qcluster"], env, log):
+                yield Schedule.objects
+        finally:
+            admin.site._registry.clear()
+            admin.site._registry.update(registered)
 
 
 def fire() -> None:
