@@ -248,7 +248,8 @@ class Lock(AsyncLockMethods):
         self._lease, self._held, self.fence = lease, True, fence
         try:
             heartbeat().add(lease)
-            lease.announce(lock_acquired)
+            if lock_acquired.receivers:
+                lease.announce(lock_acquired)
         except BaseException:
             # Whatever stops us here (KeyboardInterrupt, a receiver's
             # SystemExit) must not leave the key held until the ttl runs out.
