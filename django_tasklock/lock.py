@@ -20,7 +20,7 @@ from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.exceptions import LockNotAcquired
 from django_tasklock.heartbeat import heartbeat
-from django_tasklock.lease import Lease, clock, new_token
+from django_tasklock.lease import Lease, clock, new_token, this_process
 from django_tasklock.lock_async import AsyncLockMethods
 from django_tasklock.options import (
     LockOptions,
@@ -222,7 +222,7 @@ class Lock(AsyncLockMethods):
             backend,
             self.key,
             token,
-            Holder.from_token(token),
+            this_process(),
             self.options,
             asked_at=clock(),
             progress_timeout=self.progress_timeout,

@@ -45,3 +45,32 @@ def test_a_loop_of_short_locks_does_not_wake_the_heartbeat_per_lock() -> None:
         for n in range(200):
             assert service.run_exclusive(f"short-{n}", lambda: None, ttl=60).acquired
     assert woken.call_count <= 2
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_names_itself_in_its_tokens_and_holder() -> None:
+    import os
+
+    from django_tasklock.backends.base import Holder
+    from django_tasklock.backends.memory import MemoryBackend
+    from django_tasklock.lease import new_token, this_process
+    from django_tasklock.service import TaskLockService
+
+    parent = this_process()  # remembered in the parent first
+    assert parent.pid == os.getpid()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        try:
+            lock = TaskLockService(MemoryBackend()).lock("child").acquire()
+            ours = os.getpid()
+            ok = lock.holder == this_process() == Holder.from_token(new_token())
+            lock.release()
+            os.write(write, b"ok" if ok and this_process().pid == ours else b"no")
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read, "rb") as answer:
+        assert answer.read() == b"ok"
+    assert this_process() == parent
