@@ -74,3 +74,43 @@ def test_a_forked_child_names_itself_in_its_tokens_and_holder() -> None:
     with os.fdopen(read, "rb") as answer:
         assert answer.read() == b"ok"
     assert this_process() == parent
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize("thread_of", ["heartbeat", "watchdog"])
+def test_a_thread_that_ended_is_started_again_by_the_next_lease(thread_of: str) -> None:
+    import threading
+    from unittest import mock
+
+    from django_tasklock.backends.memory import MemoryBackend
+    from django_tasklock.heartbeat import Heartbeat
+    from django_tasklock.lease import Lease, clock, new_token, this_process
+    from django_tasklock.options import LockOptions
+    from django_tasklock.watchdog import DeadlineWatcher
+
+    keeper = Heartbeat() if thread_of == "heartbeat" else DeadlineWatcher()
+    loop = "_beat_forever" if thread_of == "heartbeat" else "_watch_forever"
+
+    def lease(key: str) -> Lease:
+        options = LockOptions.resolve(ttl=60)
+        return Lease(MemoryBackend(), key, new_token(), this_process(), options, asked_at=clock())
+
+    def end_at_once() -> None:
+        raise SystemExit  # the thread ends, as it would if an error escaped its loop
+
+    first, second = lease("first"), lease("second")
+    with mock.patch.object(keeper, loop, end_at_once):
+        keeper.add(first)
+        ended = keeper._thread
+        assert ended is not None
+        ended.join(10)
+    assert not ended.is_alive()
+    keeper.add(second)
+    assert keeper._thread is not ended
+    assert isinstance(keeper._thread, threading.Thread)
+    assert keeper._thread.is_alive()
+    for done in (first, second):
+        done.closed = True
+    if isinstance(keeper, Heartbeat):
+        keeper.remove(first)
+        keeper.remove(second)
