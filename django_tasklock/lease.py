@@ -157,8 +157,7 @@ class Lease:
         self.reason: str | None = None
         #: :func:`clock` at the declaration of the loss.
         self.declared_at: float | None = None
-        #: Set at the declaration of the loss: for code that waits on it.
-        self.lost_event = threading.Event()
+        self._lost_event: threading.Event | None = None  # made on first use (lost_event)
         self._loss_callbacks: list[Callable[[Lease], None]] = []
         #: When the work last said it moves (``Lock.progress()``); the acquisition at first.
         self.progress_at = asked_at
@@ -167,6 +166,28 @@ class Lease:
         )
         self._stalled = False
         self._lost_lock = threading.Lock()
+
+    @property
+    def lost_event(self) -> threading.Event:
+        """Set at the declaration of the loss: for code that waits on it.
+
+        Made on first use (most leases are never waited on), already set if
+        the loss was declared before.
+        """
+        event = self._lost_event
+        if event is None:
+            with self._lost_lock:
+                if self._lost_event is None:
+                    self._lost_event = threading.Event()
+                    if self._lost:
+                        self._lost_event.set()
+                event = self._lost_event
+        return event
+
+    @property
+    def declared(self) -> bool:
+        """Whether the loss was declared; unlike ``lost``, no look at the clock."""
+        return self._lost
 
     @property
     def lost(self) -> bool:
@@ -230,7 +251,9 @@ class Lease:
             self.declared_at = clock()
             self._lost = True
             callbacks = list(self._loss_callbacks)
-        self.lost_event.set()
+            event = self._lost_event
+        if event is not None:  # else made already set, if ever asked for
+            event.set()
         for callback in callbacks:
             try:
                 callback(self)

@@ -43,7 +43,7 @@ def send_release(lease: Lease, min_hold: timedelta | None) -> None:
     # lost), unless the lease could have run out before it was sent.
     if found is Released.RELEASED or (found is Released.GONE and sent_at <= lease.valid_until):
         # Never "released" after "lost"; nothing to send without a receiver.
-        if lock_released.receivers and not lease.lost_event.is_set():
+        if lock_released.receivers and not lease.declared:
             notifier.run(lease.announce, lock_released)
     elif found is Released.GONE or sent_at >= lease.valid_until:
         # It could have run out before the release was sent: an expiry,

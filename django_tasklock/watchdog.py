@@ -108,7 +108,7 @@ class DeadlineWatcher:
                 due: list[Lease] = []
                 while self._heap:
                     when, _, lease = self._heap[0]
-                    if lease.closed or lease.lost_event.is_set():
+                    if lease.closed or lease.declared:
                         heapq.heappop(self._heap)
                         quiet = False
                         if lease.closed:
