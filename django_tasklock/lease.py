@@ -10,10 +10,8 @@ project (its signals, the warning at a loss) is sent by ``announcements``.
 
 from __future__ import annotations
 
-import binascii
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from django_tasklock import announcements, notifier
 from django_tasklock.reasons import EXPIRED, MAX_LIFETIME, RELEASED_BY_OPERATOR, TAKEN
 from django_tasklock.signals import lock_stalled
+from django_tasklock.tokens import new_token as new_token
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -30,48 +29,6 @@ if TYPE_CHECKING:
 
     from django_tasklock.backends.base import BaseBackend, Holder
     from django_tasklock.options import LockOptions
-
-
-def new_token() -> str:
-    """An unguessable token that also names this host and process: ``host:pid:secret``.
-
-    The secret is ``secrets.token_urlsafe(18)``'s: 18 bytes of ``os.urandom``
-    in 24 URL-safe base64 characters, made without its layers of calls.
-    """
-    secret = binascii.b2a_base64(os.urandom(18), newline=False).translate(_URL_SAFE)
-    return (_token_prefix or _name_this_process()) + secret.decode()
-
-
-def this_process() -> Holder:
-    """The holder this process's tokens name (``Holder.from_token`` of any of them)."""
-    return _holder or _parse_this_process()
-
-
-_URL_SAFE = bytes.maketrans(b"+/", b"-_")
-_token_prefix = ""  # "host:pid:", made on first use and again in a forked child
-_holder: Holder | None = None  # parsed from a token of this process, likewise
-
-
-def _name_this_process() -> str:
-    global _token_prefix
-    _token_prefix = f"{socket.gethostname()}:{os.getpid()}:"
-    return _token_prefix
-
-
-def _parse_this_process() -> Holder:
-    global _holder
-    from django_tasklock.backends.base import Holder
-
-    _holder = Holder.from_token(new_token())
-    return _holder
-
-
-def _forget_process_name() -> None:
-    global _token_prefix, _holder
-    _token_prefix, _holder = "", None
-
-
-os.register_at_fork(after_in_child=_forget_process_name)
 
 
 #: Seconds between two looks at a lease waiting for its caller's transaction.

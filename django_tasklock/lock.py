@@ -20,7 +20,7 @@ from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.exceptions import LockNotAcquired
 from django_tasklock.heartbeat import heartbeat
-from django_tasklock.lease import Lease, clock, new_token, this_process
+from django_tasklock.lease import Lease, clock
 from django_tasklock.lock_async import AsyncLockMethods
 from django_tasklock.options import (
     LockOptions,
@@ -34,6 +34,7 @@ from django_tasklock.options import (
 )
 from django_tasklock.releasing import discard, send_release
 from django_tasklock.signals import lock_acquired
+from django_tasklock.tokens import new_token, this_process
 from django_tasklock.transactions import release_after_transactions
 from django_tasklock.waiting import Backoff
 

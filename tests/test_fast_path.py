@@ -53,8 +53,8 @@ def test_a_forked_child_names_itself_in_its_tokens_and_holder() -> None:
 
     from django_tasklock.backends.base import Holder
     from django_tasklock.backends.memory import MemoryBackend
-    from django_tasklock.lease import new_token, this_process
     from django_tasklock.service import TaskLockService
+    from django_tasklock.tokens import new_token, this_process
 
     parent = this_process()  # remembered in the parent first
     assert parent.pid == os.getpid()
@@ -84,8 +84,9 @@ def test_a_thread_that_ended_is_started_again_by_the_next_lease(thread_of: str) 
 
     from django_tasklock.backends.memory import MemoryBackend
     from django_tasklock.heartbeat import Heartbeat
-    from django_tasklock.lease import Lease, clock, new_token, this_process
+    from django_tasklock.lease import Lease, clock
     from django_tasklock.options import LockOptions
+    from django_tasklock.tokens import new_token, this_process
     from django_tasklock.watchdog import DeadlineWatcher
 
     keeper = Heartbeat() if thread_of == "heartbeat" else DeadlineWatcher()
@@ -114,3 +115,25 @@ def test_a_thread_that_ended_is_started_again_by_the_next_lease(thread_of: str) 
     if isinstance(keeper, Heartbeat):
         keeper.remove(first)
         keeper.remove(second)
+
+
+def test_a_lost_event_made_after_the_declaration_is_already_set() -> None:
+    from django_tasklock.backends.memory import MemoryBackend
+    from django_tasklock.lease import Lease, clock
+    from django_tasklock.options import LockOptions
+    from django_tasklock.tokens import new_token, this_process
+
+    def lease() -> Lease:
+        options = LockOptions.resolve(ttl=60)
+        return Lease(MemoryBackend(), "k", new_token(), this_process(), options, asked_at=clock())
+
+    late, early = lease(), lease()
+    assert late.mark_lost("taken")
+    assert late.declared
+    assert late.lost_event.is_set()  # made now, after the declaration
+    waited_on = early.lost_event  # made before it
+    assert not waited_on.is_set()
+    assert not early.declared
+    assert early.mark_lost("taken")
+    assert waited_on.is_set()
+    assert early.lost_event is waited_on
