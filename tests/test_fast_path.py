@@ -137,3 +137,22 @@ def test_a_lost_event_made_after_the_declaration_is_already_set() -> None:
     assert early.mark_lost("taken")
     assert waited_on.is_set()
     assert early.lost_event is waited_on
+
+
+def test_a_plain_function_marked_as_a_coroutine_function_is_still_refused() -> None:
+    from asgiref.sync import markcoroutinefunction
+
+    from django_tasklock.backends.memory import MemoryBackend
+    from django_tasklock.service import TaskLockService
+
+    def plain() -> None:
+        pass
+
+    def marked() -> None:  # pragma: no cover - never called
+        pass
+
+    markcoroutinefunction(marked)  # what async-capable wrappers do
+    service = TaskLockService(MemoryBackend())
+    assert service.run_exclusive("k", plain).acquired
+    with pytest.raises(TypeError, match="arun_exclusive"):
+        service.run_exclusive("k", marked)
