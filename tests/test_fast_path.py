@@ -156,3 +156,19 @@ def test_a_plain_function_marked_as_a_coroutine_function_is_still_refused() -> N
     assert service.run_exclusive("k", plain).acquired
     with pytest.raises(TypeError, match="arun_exclusive"):
         service.run_exclusive("k", marked)
+
+
+def test_a_locks_remembered_options_follow_the_settings_and_the_types() -> None:
+    from django_tasklock.lock import Lock
+
+    assert Lock("k", ttl=60).options.refresh_interval == timedelta(seconds=20)
+    with override_settings(TASKLOCK_DEFAULTS={"refresh_interval": 5}):
+        assert Lock("k", ttl=60).options.refresh_interval == timedelta(seconds=5)
+    assert Lock("k", ttl=60).options.refresh_interval == timedelta(seconds=20)
+    assert Lock("k", ttl=1, fencing=True).fencing is True
+    with pytest.raises(TypeError, match="fencing"):
+        Lock("k", ttl=1, fencing=1)  # type: ignore[arg-type]  # equal to True, not a bool
+    with pytest.raises(ValueError, match="key"):
+        Lock("", ttl=1, fencing=True)  # the same options, remembered: the key is still checked
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tll'"):
+        Lock("", tll=1)  # type: ignore[call-arg]  # named before the key, as always
