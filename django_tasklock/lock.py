@@ -136,6 +136,9 @@ class Lock(AsyncLockMethods):
             return seen.granted(self._take(backend, seen))
 
     def _take(self, backend: BaseBackend, seen: Acquisition | None) -> bool:
+        if not self.wait:  # one try, as a Backoff of no time would allow
+            self.seen = None  # see _try_once
+            return self._grant(backend)
         backoff = Backoff(self.wait)
         look_first = False
         while True:
