@@ -11,7 +11,6 @@ project (its signals, the warning at a loss) is sent by ``announcements``.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from django_tasklock import announcements, notifier
 from django_tasklock.reasons import EXPIRED, MAX_LIFETIME, RELEASED_BY_OPERATOR, TAKEN
 from django_tasklock.signals import lock_stalled
 from django_tasklock.tokens import new_token as new_token
+from django_tasklock.tokens import this_pid
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -92,7 +92,7 @@ class Lease:
         self.token = token
         self.holder = holder
         self.options = options
-        self.pid = os.getpid()
+        self.pid = this_pid()
         #: Acquisition + ``max_lifetime``: no refresh is sent after it.
         self.deadline = asked_at + options.max_lifetime.total_seconds()
         self.next_due = asked_at + options.refresh_interval.total_seconds()

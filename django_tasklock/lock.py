@@ -9,7 +9,6 @@ pauses between looks at a held key are ``asyncio.sleep``.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -26,7 +25,7 @@ from django_tasklock.lock_async import AsyncLockMethods
 from django_tasklock.options import LockOptions, check_lock_kwargs, validate_key
 from django_tasklock.releasing import discard, send_release
 from django_tasklock.signals import lock_acquired
-from django_tasklock.tokens import new_token, this_process
+from django_tasklock.tokens import new_token, this_pid, this_process
 from django_tasklock.transactions import release_after_transactions
 from django_tasklock.waiting import Backoff
 
@@ -256,7 +255,7 @@ class Lock(AsyncLockMethods):
         return True
 
     def _end(self, lease: Lease) -> None:
-        if lease.pid != os.getpid():
+        if lease.pid != this_pid():
             return  # a forked child leaving the work: the lease is its parent's
         if release_after_transactions(lease, self._release_now):
             return  # held until the caller's transaction ends

@@ -19,6 +19,11 @@ def new_token() -> str:
     return (_token_prefix or _name_this_process()) + secret.decode()
 
 
+def this_pid() -> int:
+    """``os.getpid()``, remembered (a system call each time) and forgotten in a forked child."""
+    return _pid or _remember_pid()
+
+
 def this_process() -> Holder:
     """The holder this process's tokens name (``Holder.from_token`` of any of them)."""
     return _holder or _parse_this_process()
@@ -27,6 +32,13 @@ def this_process() -> Holder:
 _URL_SAFE = bytes.maketrans(b"+/", b"-_")
 _token_prefix = ""  # "host:pid:", made on first use and again in a forked child
 _holder: Holder | None = None  # parsed from a token of this process, likewise
+_pid = 0  # likewise
+
+
+def _remember_pid() -> int:
+    global _pid
+    _pid = os.getpid()
+    return _pid
 
 
 def _name_this_process() -> str:
@@ -42,8 +54,8 @@ def _parse_this_process() -> Holder:
 
 
 def _forget_process_name() -> None:
-    global _token_prefix, _holder
-    _token_prefix, _holder = "", None
+    global _token_prefix, _holder, _pid
+    _token_prefix, _holder, _pid = "", None, 0
 
 
 os.register_at_fork(after_in_child=_forget_process_name)

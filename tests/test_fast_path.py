@@ -48,16 +48,16 @@ def test_a_loop_of_short_locks_does_not_wake_the_heartbeat_per_lock() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
-def test_a_forked_child_names_itself_in_its_tokens_and_holder() -> None:
+def test_a_forked_child_names_itself_in_its_tokens_holder_and_pid() -> None:
     import os
 
     from django_tasklock.backends.base import Holder
     from django_tasklock.backends.memory import MemoryBackend
     from django_tasklock.service import TaskLockService
-    from django_tasklock.tokens import new_token, this_process
+    from django_tasklock.tokens import new_token, this_pid, this_process
 
     parent = this_process()  # remembered in the parent first
-    assert parent.pid == os.getpid()
+    assert parent.pid == os.getpid() == this_pid()
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never back into pytest
@@ -66,7 +66,8 @@ def test_a_forked_child_names_itself_in_its_tokens_and_holder() -> None:
             ours = os.getpid()
             ok = lock.holder == this_process() == Holder.from_token(new_token())
             lock.release()
-            os.write(write, b"ok" if ok and this_process().pid == ours else b"no")
+            ok = ok and this_process().pid == ours == this_pid()
+            os.write(write, b"ok" if ok else b"no")
         finally:
             os._exit(0)
     os.close(write)
