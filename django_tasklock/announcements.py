@@ -29,8 +29,11 @@ def announce(lease: Lease, signal: Signal, **extra: object) -> None:
     release, or end a thread the whole process relies on.
     ``send_robust`` already logs each failure with its traceback (logger
     ``django.dispatch``), so this adds one line naming the key, without
-    a second copy of the traceback.
+    a second copy of the traceback. With no receiver connected (the usual
+    case), nothing is built or sent.
     """
+    if not signal.receivers:
+        return
     for receiver, outcome in signal.send_robust(
         sender=type(lease.backend), key=lease.key, holder=lease.holder, **extra
     ):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from types import FunctionType
 
 from asgiref.sync import iscoroutinefunction
 
@@ -25,6 +26,15 @@ def validate_callable(name: str, value: object, *, optional: bool = False) -> No
 
 def is_coroutine_function(value: object) -> bool:
     """``async def`` functions, also behind ``functools.partial`` or as ``__call__``."""
+    if (
+        type(value) is FunctionType
+        and not value.__code__.co_flags & inspect.CO_COROUTINE
+        and not value.__dict__
+    ):
+        # A plain function, not async def, with no attributes (so no mark of
+        # asgiref's or Python's markcoroutinefunction): what the checks below
+        # would answer, without their dozen calls on every run_exclusive.
+        return False
     while isinstance(value, functools.partial):
         value = value.func
     if iscoroutinefunction(value):  # asgiref's: inspect's, and marked sync_to_async wrappers

@@ -69,9 +69,13 @@ class Heartbeat(BatchRefresher):
         self._start_empty()
 
     def _start_empty(self) -> None:
-        self._cond = threading.Condition()
+        # The condition's lock, taken directly where nothing waits or is woken
+        # (add, remove): a ``with`` on the condition adds a Python call each way.
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
         self._heap: list[tuple[float, int, Lease]] = []
         self._thread: threading.Thread | None = None
+        self._running = False  # the thread's liveness, read per lease without is_alive()
         # Backends the thread refreshed through since it last went idle: only
         # those can have connections of the thread's to close.
         self._touched: dict[int, BaseBackend] = {}
@@ -86,15 +90,20 @@ class Heartbeat(BatchRefresher):
 
     def add(self, lease: Lease) -> None:
         interval = lease.options.refresh_interval.total_seconds()
-        with self._cond:
+        with self._mutex:
             heapq.heappush(self._heap, (lease.next_due, next(self._seq), lease))
             if interval < self._idle_wake:
                 self._idle_wake = max(_IDLE_WAKE_MIN, interval)
-            if self._thread is None or not self._thread.is_alive():
+            if not self._running:
                 self._thread = threading.Thread(
                     target=self._run, name="django-tasklock-heartbeat", daemon=True
                 )
-                self._thread.start()
+                self._running = True
+                try:
+                    self._thread.start()
+                except BaseException:  # no thread (e.g. none can be started now)
+                    self._running = False
+                    raise
             elif lease.next_due < self._wake_at:
                 self._wake_at = lease.next_due
                 self._cond.notify()  # due before whatever the thread sleeps until
@@ -117,7 +126,7 @@ class Heartbeat(BatchRefresher):
         """
         if not lease.closed and clock() >= lease.valid_until:
             lease.expire(inline=True)  # before lock_released, on the releasing thread
-        with self._cond:
+        with self._mutex:
             lease.closed = True
             if wait and lease.refreshing:
                 self._waiting += 1
@@ -199,6 +208,12 @@ class Heartbeat(BatchRefresher):
                 return due, []
 
     def _run(self) -> None:
+        try:
+            self._beat_forever()
+        finally:  # ended (it never should): the next lease starts another
+            self._running = False
+
+    def _beat_forever(self) -> None:
         mark_background()
         while True:
             due, idle = self._next_due()

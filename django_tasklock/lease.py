@@ -11,9 +11,6 @@ project (its signals, the warning at a loss) is sent by ``announcements``.
 from __future__ import annotations
 
 import logging
-import os
-import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +19,8 @@ from typing import TYPE_CHECKING, Protocol
 from django_tasklock import announcements, notifier
 from django_tasklock.reasons import EXPIRED, MAX_LIFETIME, RELEASED_BY_OPERATOR, TAKEN
 from django_tasklock.signals import lock_stalled
+from django_tasklock.tokens import new_token as new_token
+from django_tasklock.tokens import this_pid
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -30,28 +29,6 @@ if TYPE_CHECKING:
 
     from django_tasklock.backends.base import BaseBackend, Holder
     from django_tasklock.options import LockOptions
-
-
-def new_token() -> str:
-    """An unguessable token that also names this host and process: ``host:pid:secret``."""
-    return (_token_prefix or _name_this_process()) + secrets.token_urlsafe(18)
-
-
-_token_prefix = ""  # "host:pid:", made on first use and again in a forked child
-
-
-def _name_this_process() -> str:
-    global _token_prefix
-    _token_prefix = f"{socket.gethostname()}:{os.getpid()}:"
-    return _token_prefix
-
-
-def _forget_process_name() -> None:
-    global _token_prefix
-    _token_prefix = ""
-
-
-os.register_at_fork(after_in_child=_forget_process_name)
 
 
 #: Seconds between two looks at a lease waiting for its caller's transaction.
@@ -115,7 +92,7 @@ class Lease:
         self.token = token
         self.holder = holder
         self.options = options
-        self.pid = os.getpid()
+        self.pid = this_pid()
         #: Acquisition + ``max_lifetime``: no refresh is sent after it.
         self.deadline = asked_at + options.max_lifetime.total_seconds()
         self.next_due = asked_at + options.refresh_interval.total_seconds()
@@ -137,8 +114,7 @@ class Lease:
         self.reason: str | None = None
         #: :func:`clock` at the declaration of the loss.
         self.declared_at: float | None = None
-        #: Set at the declaration of the loss: for code that waits on it.
-        self.lost_event = threading.Event()
+        self._lost_event: threading.Event | None = None  # made on first use (lost_event)
         self._loss_callbacks: list[Callable[[Lease], None]] = []
         #: When the work last said it moves (``Lock.progress()``); the acquisition at first.
         self.progress_at = asked_at
@@ -147,6 +123,28 @@ class Lease:
         )
         self._stalled = False
         self._lost_lock = threading.Lock()
+
+    @property
+    def lost_event(self) -> threading.Event:
+        """Set at the declaration of the loss: for code that waits on it.
+
+        Made on first use (most leases are never waited on), already set if
+        the loss was declared before.
+        """
+        event = self._lost_event
+        if event is None:
+            with self._lost_lock:
+                if self._lost_event is None:
+                    self._lost_event = threading.Event()
+                    if self._lost:
+                        self._lost_event.set()
+                event = self._lost_event
+        return event
+
+    @property
+    def declared(self) -> bool:
+        """Whether the loss was declared; unlike ``lost``, no look at the clock."""
+        return self._lost
 
     @property
     def lost(self) -> bool:
@@ -210,7 +208,9 @@ class Lease:
             self.declared_at = clock()
             self._lost = True
             callbacks = list(self._loss_callbacks)
-        self.lost_event.set()
+            event = self._lost_event
+        if event is not None:  # else made already set, if ever asked for
+            event.set()
         for callback in callbacks:
             try:
                 callback(self)

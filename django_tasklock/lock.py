@@ -9,7 +9,6 @@ pauses between looks at a held key are ``asyncio.sleep``.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -18,22 +17,15 @@ from django_tasklock import loss, observe
 from django_tasklock.aio import refuse_event_loop
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
+from django_tasklock.chosen import choose, remembered
 from django_tasklock.exceptions import LockNotAcquired
 from django_tasklock.heartbeat import heartbeat
-from django_tasklock.lease import Lease, clock, new_token
+from django_tasklock.lease import Lease, clock
 from django_tasklock.lock_async import AsyncLockMethods
-from django_tasklock.options import (
-    LockOptions,
-    check_lock_kwargs,
-    validate_flag,
-    validate_key,
-    validate_min_hold,
-    validate_name,
-    validate_progress_timeout,
-    validate_wait,
-)
+from django_tasklock.options import LockOptions, check_lock_kwargs, validate_key
 from django_tasklock.releasing import discard, send_release
 from django_tasklock.signals import lock_acquired
+from django_tasklock.tokens import new_token, this_pid, this_process
 from django_tasklock.transactions import release_after_transactions
 from django_tasklock.waiting import Backoff
 
@@ -68,20 +60,21 @@ class Lock(AsyncLockMethods):
     def __init__(
         self, key: str, *, backend: BaseBackend | None = None, **options: Unpack[LockKwargs]
     ) -> None:
-        check_lock_kwargs(options)
-        self.key = validate_key(key)
+        chosen = remembered(options)  # the same options as an earlier lock's: valid
+        if chosen is None:
+            check_lock_kwargs(options)
+            self.key = validate_key(key)
+            chosen = choose(options)
+        else:
+            self.key = validate_key(key)
         #: What telemetry calls this lock (``name=``; ``@exclusive``: its key template).
-        self.name = validate_name(options.get("name"))
-        self.options = LockOptions.resolve(
-            ttl=options.get("ttl"),
-            refresh_interval=options.get("refresh_interval"),
-            max_lifetime=options.get("max_lifetime"),
-        )
-        self.wait = validate_wait(options.get("wait"))
-        self.min_hold = validate_min_hold(options.get("min_hold"), self.options.max_lifetime)
-        self.fencing = validate_flag("fencing", options.get("fencing", False))
-        self.cancel_on_loss = validate_flag("cancel_on_loss", options.get("cancel_on_loss", False))
-        self.progress_timeout = validate_progress_timeout(options.get("progress_timeout"))
+        self.name = chosen.name
+        self.options: LockOptions = chosen.options
+        self.wait = chosen.wait
+        self.min_hold = chosen.min_hold
+        self.fencing = chosen.fencing
+        self.cancel_on_loss = chosen.cancel_on_loss
+        self.progress_timeout = chosen.progress_timeout
         #: The grant's fencing token (``fencing=True``), strictly increasing per key.
         self.fence: int | None = None
         self._backend = backend
@@ -142,6 +135,9 @@ class Lock(AsyncLockMethods):
             return seen.granted(self._take(backend, seen))
 
     def _take(self, backend: BaseBackend, seen: Acquisition | None) -> bool:
+        if not self.wait:  # one try, as a Backoff of no time would allow
+            self.seen = None  # see _try_once
+            return self._grant(backend)
         backoff = Backoff(self.wait)
         look_first = False
         while True:
@@ -232,7 +228,7 @@ class Lock(AsyncLockMethods):
             backend,
             self.key,
             token,
-            Holder.from_token(token),
+            this_process(),
             self.options,
             asked_at=clock(),
             progress_timeout=self.progress_timeout,
@@ -259,7 +255,8 @@ class Lock(AsyncLockMethods):
             return False
         try:
             heartbeat().add(lease)
-            lease.announce(lock_acquired)
+            if lock_acquired.receivers:
+                lease.announce(lock_acquired)
         except BaseException:
             # Whatever stops us here (KeyboardInterrupt, a receiver's
             # SystemExit) must not leave the key held until the ttl runs out.
@@ -269,7 +266,7 @@ class Lock(AsyncLockMethods):
         return True
 
     def _end(self, lease: Lease) -> None:
-        if lease.pid != os.getpid():
+        if lease.pid != this_pid():
             return  # a forked child leaving the work: the lease is its parent's
         if release_after_transactions(lease, self._release_now):
             return  # held until the caller's transaction ends

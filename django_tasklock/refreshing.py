@@ -56,7 +56,7 @@ class BatchRefresher:
             if lease.closed:
                 continue
             if not still_ours:
-                if lease.lost_event.is_set():
+                if lease.declared:
                     continue
                 if clock() >= lease.valid_until:
                     # Past its deadline (a suspend during the call): it may simply

@@ -42,7 +42,8 @@ def send_release(lease: Lease, min_hold: timedelta | None) -> None:
     # Gone, and nobody else's: ended by this release sent twice (its reply
     # lost), unless the lease could have run out before it was sent.
     if found is Released.RELEASED or (found is Released.GONE and sent_at <= lease.valid_until):
-        if not lease.lost_event.is_set():  # never "released" after "lost"
+        # Never "released" after "lost"; nothing to send without a receiver.
+        if lock_released.receivers and not lease.declared:
             notifier.run(lease.announce, lock_released)
     elif found is Released.GONE or sent_at >= lease.valid_until:
         # It could have run out before the release was sent: an expiry,

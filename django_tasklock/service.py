@@ -18,10 +18,10 @@ from django_tasklock.callables import (
     validate_sync_callable,
 )
 from django_tasklock.exceptions import LockNotAcquired
-from django_tasklock.lease import new_token as new_token
 from django_tasklock.lock import Lock
 from django_tasklock.options import validate_key
 from django_tasklock.skipped import report_skipped
+from django_tasklock.tokens import new_token as new_token
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -59,28 +59,36 @@ class DeadlineWatcher:
         self._start_empty()
 
     def _start_empty(self) -> None:
-        self._cond = threading.Condition()
+        # Taken directly where nothing waits (as for the heartbeat's, see there).
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
         self._heap: list[tuple[float, int, Lease]] = []
         self._thread: threading.Thread | None = None
+        self._running = False  # the thread's liveness, read per lease without is_alive()
         self._wake_at = math.inf
         self._closed = 0  # released leases still in the heap
 
     def add(self, lease: Lease) -> None:
         """Watch ``lease`` until it is released or declared lost."""
-        with self._cond:
+        with self._mutex:
             when = lease.valid_until
             heapq.heappush(self._heap, (when, next(self._seq), lease))
-            if self._thread is None or not self._thread.is_alive():
+            if not self._running:
                 self._thread = threading.Thread(
                     target=self._run, name="django-tasklock-deadlines", daemon=True
                 )
-                self._thread.start()
+                self._running = True
+                try:
+                    self._thread.start()
+                except BaseException:  # no thread (e.g. none can be started now)
+                    self._running = False
+                    raise
             elif when < self._wake_at:
                 self._cond.notify()
 
     def removed(self) -> None:
         """A watched lease was released (``closed``): compact the heap when it is half such."""
-        with self._cond:
+        with self._mutex:
             self._closed += 1
             if self._closed > _COMPACT_AFTER and 2 * self._closed > len(self._heap):
                 self._heap = [entry for entry in self._heap if not entry[2].closed]
@@ -100,7 +108,7 @@ class DeadlineWatcher:
                 due: list[Lease] = []
                 while self._heap:
                     when, _, lease = self._heap[0]
-                    if lease.closed or lease.lost_event.is_set():
+                    if lease.closed or lease.declared:
                         heapq.heappop(self._heap)
                         quiet = False
                         if lease.closed:
@@ -131,6 +139,12 @@ class DeadlineWatcher:
                     self._cond.wait()
 
     def _run(self) -> None:
+        try:
+            self._watch_forever()
+        finally:  # ended (it never should): the next lease starts another
+            self._running = False
+
+    def _watch_forever(self) -> None:
         mark_background()
         while True:
             for lease in self._next_due():
