@@ -9,7 +9,7 @@ missing except in the failover window (the dead leader's lease running out,
 a second or more (Celery collapses runs missed meanwhile into one, as it
 always does; such seconds are named by the run sent late, see ``late``).
 
-The run lasts ``TASKLOCK_TEST_LEADER_SECONDS`` (default 40 s) per lock storage.
+The run lasts ``TASKLOCK_TEST_LEADER_SECONDS`` (default 120 s) per lock storage.
 """
 
 from __future__ import annotations
