@@ -89,11 +89,15 @@ def test_a_force_released_leader_runs_nothing_more_after_its_next_look(
     first.start()
     try:
         wait(lambda: ran.count("first") >= 3)
-        assert any_backend.backend.force_release(key) is not None
-        second_lead = Leadership(key, ttl=30, backend=any_backend.backend)
-        assert second_lead.poll()  # the new leader, from now on
+        # The operator's release and the new leader's grant land between two
+        # looks of the old leader (its poll waits on its mutex meanwhile): a
+        # look in between would find the key free and rightly take it back.
+        with first_lead._mutex:
+            assert any_backend.backend.force_release(key) is not None
+            second_lead = Leadership(key, ttl=30, backend=any_backend.backend)
+            assert second_lead.poll()  # the new leader, from now on
         wait(lambda: not first_lead.is_leader, timeout=5)  # its next look, 0.2 s on
-        time.sleep(0.3)  # a run under way when it looked may still end
+        time.sleep(1)  # a run submitted before it looked may still be on its way
         after = ran.count("first")
         time.sleep(1.5)
         assert ran.count("first") == after
