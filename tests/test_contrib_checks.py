@@ -48,3 +48,10 @@ def test_check_reports_a_setting_naming_a_missing_integration(absent_framework: 
 def test_check_is_quiet_when_the_framework_is_there() -> None:
     with override_settings(SOME_FRAMEWORK_SETTING=["django_tasklock.contrib.celery.Leader"]):
         assert check_integrations() == []
+
+
+def test_check_reads_no_secret_key() -> None:
+    # Django refuses to give an empty SECRET_KEY (ImproperlyConfigured), which
+    # `manage.py check` allows: the check crashed (tests/test_manage_check.py).
+    with override_settings(SECRET_KEY=""):
+        assert check_integrations() == []

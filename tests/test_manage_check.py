@@ -219,3 +219,16 @@ def test_missing_migration_on_postgresql_says_to_migrate(tmp_path: Path) -> None
     )
     assert "ImproperlyConfigured:" in done.stdout, done.stderr
     assert "run `python manage.py migrate django_tasklock --database locks`" in done.stdout
+
+
+def test_a_project_without_secret_key_checks_clean(tmp_path: Path) -> None:
+    # Django's check passes without SECRET_KEY (only --deploy warns); E020's
+    # look for dotted paths read every setting, and Django refuses to give an
+    # unset SECRET_KEY: ImproperlyConfigured, and check crashed.
+    plain_django = "del SECRET_KEY\nINSTALLED_APPS = INSTALLED_APPS[:2]"  # without django_tasklock
+    plain = run_django(tmp_path, plain_django, "check")
+    assert plain.returncode == 0, plain.stderr
+    for unset in ("del SECRET_KEY", 'SECRET_KEY = ""'):
+        done = run_django(tmp_path, unset, "check")
+        assert done.returncode == 0, done.stderr
+        assert "ImproperlyConfigured" not in done.stderr
