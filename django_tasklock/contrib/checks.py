@@ -11,9 +11,11 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-from django_tasklock.contrib import INTEGRATIONS, missing_message
+from django_tasklock.contrib import ALIASES, INTEGRATIONS, missing_message
 
-_NAMED = re.compile(r"\bdjango_tasklock\.contrib\.(\w+)")
+# ``django_tasklock.contrib.celery.database.LeaderDatabaseScheduler``, or with a
+# ``:`` before the attribute (Celery's spelling of a class).
+_NAMED = re.compile(r"\bdjango_tasklock\.contrib\.\w+(?:[.:]\w+)*")
 
 #: Settings never read: they cannot name a module, and Django refuses to give an
 #: empty ``SECRET_KEY`` (``ImproperlyConfigured``), which ``check`` itself allows.
@@ -57,26 +59,41 @@ def _project_settings() -> Iterator[tuple[str, Any]]:
         yield setting, value
 
 
-def named_integrations() -> dict[str, str]:
-    """``{integration: setting}`` for each integration a setting names by dotted path."""
-    named: dict[str, str] = {}
+def _needed(path: str) -> Iterator[str]:
+    """The integrations a dotted path under ``django_tasklock.contrib`` needs, outermost first."""
+    parts = path.replace(":", ".").split(".")
+    for end in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:end])
+        if prefix in INTEGRATIONS:
+            yield prefix
+        if prefix in ALIASES:
+            yield ALIASES[prefix]
+
+
+def named_integrations() -> dict[str, tuple[str, str]]:
+    """``{integration: (setting, path)}`` for each integration a setting names by dotted path.
+
+    ``path`` is the setting's text that names it (``django_tasklock.contrib.celery:
+    LeaderDatabaseScheduler`` needs both ``celery`` and ``celery.database``).
+    """
+    named: dict[str, tuple[str, str]] = {}
     for setting, value in _project_settings():
         for text in _strings(value):
-            for name in _NAMED.findall(text):
-                if name in INTEGRATIONS:
-                    named.setdefault(name, setting)
+            for path in _NAMED.findall(text):
+                for name in _needed(path.removeprefix("django_tasklock.contrib.")):
+                    named.setdefault(name, (setting, path))
     return named
 
 
 def check_integrations(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
-    for name, setting in sorted(named_integrations().items()):
+    for name, (setting, path) in sorted(named_integrations().items()):
         message = missing_message(name)
         if message is not None:
             errors.append(
                 checks.Error(
-                    f"{setting} names django_tasklock.contrib.{name}, but {message}",
-                    hint=f"Install the extra, or take django_tasklock.contrib.{name} out of "
+                    f"{setting} names {path}, but {message}",
+                    hint=f"Install it ({INTEGRATIONS[name].install}), or take {path} out of "
                     f"{setting}.",
                     id="django_tasklock.E020",
                 )
