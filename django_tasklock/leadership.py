@@ -45,7 +45,8 @@ class Leadership:
     Args:
         key: the leadership's key (1 to 245 characters), the same in every process.
         ttl: how long the lease lasts unless refreshed (default 30 s): a dead
-            leader's standby takes over at most ``ttl + retry_interval`` after it died.
+            leader's standby takes over at most ``ttl + retry_interval`` after it died,
+            plus the time its look takes (see docs/scheduler-leader.md).
         refresh_interval: how often the heartbeat extends the lease (default ``ttl / 3``).
         retry_interval: how often a standby looks whether the key is free (default 1 s;
             one read while it is held).

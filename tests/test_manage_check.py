@@ -14,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import django
 import pytest
 from django.conf import settings
 
@@ -219,3 +220,80 @@ def test_missing_migration_on_postgresql_says_to_migrate(tmp_path: Path) -> None
     )
     assert "ImproperlyConfigured:" in done.stdout, done.stderr
     assert "run `python manage.py migrate django_tasklock --database locks`" in done.stdout
+
+
+def test_a_project_without_secret_key_checks_clean(tmp_path: Path) -> None:
+    # Django's check passes without SECRET_KEY (only --deploy warns); E020's
+    # look for dotted paths read every setting, and Django refuses to give an
+    # unset SECRET_KEY: ImproperlyConfigured, and check crashed.
+    plain_django = "del SECRET_KEY\nINSTALLED_APPS = INSTALLED_APPS[:2]"  # without django_tasklock
+    plain = run_django(tmp_path, plain_django, "check")
+    assert plain.returncode == 0, plain.stderr
+    for unset in ("del SECRET_KEY", 'SECRET_KEY = ""'):
+        done = run_django(tmp_path, unset, "check")
+        assert done.returncode == 0, done.stderr
+        assert "ImproperlyConfigured" not in done.stderr
+
+
+LEADER_DATABASE_SCHEDULER = "django_tasklock.contrib.celery:LeaderDatabaseScheduler"
+
+
+@pytest.mark.parametrize(
+    "scheduler",
+    [LEADER_DATABASE_SCHEDULER, "django_tasklock.contrib.celery.database.LeaderDatabaseScheduler"],
+)
+def test_leader_database_scheduler_without_django_celery_beat_is_e020(
+    tmp_path: Path, scheduler: str
+) -> None:
+    output = check(
+        tmp_path, f"CELERY_BEAT_SCHEDULER = {scheduler!r}", blocked=("django_celery_beat",)
+    )
+    assert "django_tasklock.E020" in output
+    assert f"CELERY_BEAT_SCHEDULER names {scheduler}" in output
+    assert "needs django-celery-beat, which is not installed: pip install django-celery-beat" in (
+        output
+    )
+    assert "django-tasklock[" not in output  # no extra installs it
+
+
+_IMPORT = """
+import django
+django.setup()
+try:
+    from {module} import {name}
+except ImportError as exc:
+    print(type(exc).__name__, exc)
+else:
+    print("imported")
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("django_tasklock.contrib.celery", "LeaderDatabaseScheduler"),
+        ("django_tasklock.contrib.celery.database", "LeaderDatabaseScheduler"),
+    ],
+)
+def test_leader_database_scheduler_without_django_celery_beat_says_what_to_install(
+    tmp_path: Path, module: str, name: str
+) -> None:
+    # Before: a raw ModuleNotFoundError for django_celery_beat.
+    code = _IMPORT.format(module=module, name=name)
+    done = run_django(tmp_path, "", code=code, blocked=("django_celery_beat",))
+    expected = "MissingFramework django_tasklock.contrib.celery.database needs"
+    assert done.stdout.startswith(expected), done.stdout + done.stderr
+    assert done.stdout.rstrip().endswith(": pip install django-celery-beat")
+
+
+def test_unique_on_for_django_tasks_needs_django_6_or_the_backport(tmp_path: Path) -> None:
+    code = _IMPORT.format(module="django_tasklock.contrib.django_tasks", name="unique_on")
+    done = run_django(tmp_path, "", code=code, blocked=("django_tasks",))
+    if django.VERSION >= (6, 0):  # django.tasks is Django's own
+        assert done.stdout == "imported\n", done.stdout + done.stderr
+    else:
+        assert done.stdout == (
+            "MissingFramework django_tasklock.contrib.django_tasks needs django-tasks (the "
+            "backport of django.tasks, which Django has from 6.0), which is not installed: "
+            "pip install django-tasks\n"
+        ), done.stdout + done.stderr

@@ -1,11 +1,18 @@
-"""Integrations with task frameworks, each behind an optional extra.
+"""Integrations with task frameworks, each needing its framework, none imported by the core.
 
 Each ``django_tasklock.contrib.<integration>`` module starts with
 ``require("<integration>")``: imported without its framework installed, it raises
-:class:`MissingFramework` (an ``ImportError``) naming the extra to install. ``manage.py
+:class:`MissingFramework` (an ``ImportError``) naming what to install. ``manage.py
 check`` says the same (``django_tasklock.E020``) for every integration a setting names
 by its dotted path (``DJANGO_CRON_LOCK_BACKEND``, a scheduler class, a middleware list,
 ``INSTALLED_APPS``...), so a deploy check catches it before a worker starts.
+
+Most are installed with an extra of django-tasklock's. Two are not: the
+framework is one the project already runs and has installed itself, and an
+extra could not pick the right version (``celery.database``: django-celery-beat,
+which does not support Django 6.1 yet, so an extra would make pip move Django
+back to 6.0; ``django_tasks``: built into Django from 6.0, the django-tasks
+backport before).
 
 Nothing in the core imports a task framework.
 """
@@ -20,7 +27,16 @@ from dataclasses import dataclass
 class Integration:
     module: str  # the framework's top-level module, looked for without importing it
     distribution: str  # what pip installs
-    extra: str  # django-tasklock's optional extra that installs it
+    extra: str | None = None  # django-tasklock's extra that installs it; None: there is none
+    also: tuple[str, ...] = ()  # other modules that provide the framework as well
+    note: str = ""  # said after the distribution's name, in parentheses
+
+    @property
+    def install(self) -> str:
+        """The command that installs it."""
+        if self.extra is None:
+            return f"pip install {self.distribution}"
+        return f"pip install 'django-tasklock[{self.extra}]'"
 
 
 #: ``django_tasklock.contrib.<name>`` -> what it needs. Static, so that the check can
@@ -28,8 +44,14 @@ class Integration:
 INTEGRATIONS: dict[str, Integration] = {
     "apscheduler": Integration("apscheduler", "APScheduler", "apscheduler"),
     "celery": Integration("celery", "celery", "celery"),
-    "django_cron": Integration("django_cron", "django-cron", "django-cron"),
-    "django_q": Integration("django_q", "django-q2", "django-q2"),
+    "celery.database": Integration("django_celery_beat", "django-celery-beat"),
+    "django_cron": Integration("django_cron", "django-cron-django5", "django-cron"),
+    "django_tasks": Integration(
+        "django.tasks",
+        "django-tasks",
+        also=("django_tasks",),
+        note="the backport of django.tasks, which Django has from 6.0",
+    ),
     "dramatiq": Integration("dramatiq", "dramatiq", "dramatiq"),
     "health_check": Integration("health_check", "django-health-check", "health-check"),
     "huey": Integration("huey", "huey", "huey"),
@@ -37,19 +59,33 @@ INTEGRATIONS: dict[str, Integration] = {
     "rq": Integration("rq", "rq", "rq"),
 }
 
+#: Names a package re-exports from an integration of its own (``__getattr__``):
+#: ``contrib.<alias>`` needs ``contrib.<integration>``.
+ALIASES: dict[str, str] = {"celery.LeaderDatabaseScheduler": "celery.database"}
+
 
 class MissingFramework(ImportError):
     """An integration was imported (or named in settings) without its framework."""
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or broken
+        return False
+
+
 def missing_message(name: str) -> str | None:
     """Why ``django_tasklock.contrib.<name>`` cannot work here, or None when it can."""
     integration = INTEGRATIONS[name]
-    if importlib.util.find_spec(integration.module) is not None:
+    if any(_installed(module) for module in (integration.module, *integration.also)):
         return None
+    needs = integration.distribution
+    if integration.note:
+        needs = f"{needs} ({integration.note})"
     return (
-        f"django_tasklock.contrib.{name} needs {integration.distribution}, which is not "
-        f"installed: pip install 'django-tasklock[{integration.extra}]'"
+        f"django_tasklock.contrib.{name} needs {needs}, which is not installed: "
+        f"{integration.install}"
     )
 
 

@@ -10,7 +10,9 @@ raises. A worker that dies, or a task that never runs, frees it when the lease
 runs out (``ttl``). See docs/unique-tasks.md.
 
 Django's Tasks framework (``django.tasks``, Django >= 6.0) or its backport
-(``django_tasks``) is imported when this module is.
+(``django_tasks``) is imported when this module is; without either, importing
+it raises :class:`~django_tasklock.contrib.MissingFramework` saying what to
+install (no extra of django-tasklock's does: Django 6 needs none).
 """
 
 from __future__ import annotations
@@ -23,25 +25,21 @@ from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 
-from django_tasklock.contrib import MissingFramework
+from django_tasklock.contrib import require
 from django_tasklock.durations import Duration, to_timedelta
 from django_tasklock.keys import KeyBuilder, KeySpec
 from django_tasklock.unique import claim, run_claimed, unclaim
 
+require("django_tasks")  # django.tasks (Django >= 6.0), or the django-tasks backport
+
 
 def _task_class() -> type:
     """``django.tasks``' Task (Django >= 6.0), else the django-tasks backport's."""
-    for module in ("django.tasks.base", "django_tasks.base"):
-        try:
-            task_class: type = importlib.import_module(module).Task
-        except ImportError:
-            continue
-        return task_class
-    raise MissingFramework(
-        "django_tasklock.contrib.django_tasks needs Django >= 6.0 (django.tasks) or, "
-        "before, the django-tasks backport: pip install django-tasks",
-        name="django_tasks",
-    )
+    try:
+        task_class: type = importlib.import_module("django.tasks.base").Task
+    except ImportError:
+        task_class = importlib.import_module("django_tasks.base").Task
+    return task_class
 
 
 Task = _task_class()

@@ -3,7 +3,9 @@
 The test starts several ``celery beat --scheduler
 django_tasklock.contrib.celery:LeaderScheduler`` processes on this app and one
 worker. Each run of ``tick`` records, in a Redis list of the test's, the second
-it was due for, the beat process that sent it and when it was sent.
+it was due for, the beat process that sent it and when it was sent, and the
+sending beat's last look at its leadership (the ``poll()`` before each tick):
+when it began, how long it took, and the term it found (``leader_since``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from kombu.entity import Queue
 
 if not apps.ready:
     django.setup()
+
+from django_tasklock.leadership import Leadership
 
 app = Celery("tasklock_beat_tests", broker=os.environ.get("TASKLOCK_TEST_AMQP_URL", "memory://"))
 queue = os.environ.get("TASKLOCK_TEST_CELERY_QUEUE", "tasklock-beat-tests")
@@ -60,6 +64,23 @@ class EverySecond(schedules.schedule):
 
 
 _due: int | None = None
+_look = (0.0, 0.0, 0.0)  # this beat's last poll(): began at, took, leader_since (0: none)
+
+_poll = Leadership.poll
+
+
+def _timed_poll(self: Leadership) -> bool:
+    """``Leadership.poll``, timed: what made a run late, beat or its look at the key?"""
+    global _look
+    began = time.time()
+    try:
+        return _poll(self)
+    finally:
+        since = self.leader_since
+        _look = (began, time.time() - began, since.timestamp() if since else 0.0)
+
+
+Leadership.poll = _timed_poll  # type: ignore[method-assign]
 
 app.conf.update(
     task_default_queue=queue,
@@ -79,11 +100,21 @@ app.conf.update(
 def _stamp(body: Any, **kwargs: Any) -> None:
     """In beat: say which second this run was due for, who sent it and when."""
     if _due is not None:
-        body[1].update(due=_due, beat=os.getpid(), sent=time.time())
+        looked, look, term = _look
+        body[1].update(
+            due=_due, beat=os.getpid(), sent=time.time(), looked=looked, look=look, term=term
+        )
 
 
 @shared_task
-def tick(due: int = 0, beat: int = 0, sent: float = 0.0) -> None:
+def tick(
+    due: int = 0,
+    beat: int = 0,
+    sent: float = 0.0,
+    looked: float = 0.0,
+    look: float = 0.0,
+    term: float = 0.0,
+) -> None:
     client = redis.Redis.from_url(os.environ["TASKLOCK_TEST_REDIS_URL"])
-    client.rpush(TICKS, f"{due} {beat} {sent:.3f}")
+    client.rpush(TICKS, f"{due} {beat} {sent:.3f} {looked:.3f} {look:.4f} {term:.6f}")
     client.close()

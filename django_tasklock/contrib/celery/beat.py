@@ -9,8 +9,9 @@ A new leader first moves every entry's ``last_run_at`` to the instant it took
 over: it fires the next run due *after* that instant, never one the previous
 leader may already have sent (every run the previous leader sent was due
 before its lease ended, so before this one began). Runs due between the
-previous leader's death and the takeover (at most ``ttl + retry_interval``)
-are not sent by anyone: that is the failover window.
+previous leader's death and the takeover (at most ``ttl + retry_interval``,
+plus the standby's look itself) are not sent by anyone: that is the failover
+window.
 """
 
 from __future__ import annotations

@@ -1,10 +1,19 @@
-"""django-celery-beat's ``DatabaseScheduler``, firing only while this beat process leads."""
+"""django-celery-beat's ``DatabaseScheduler``, firing only while this beat process leads.
+
+Needs django-celery-beat, which no extra of django-tasklock's installs (see
+``django_tasklock.contrib``): imported without it, this raises
+:class:`~django_tasklock.contrib.MissingFramework` saying what to install.
+"""
 
 from __future__ import annotations
 
-from django_celery_beat.schedulers import DatabaseScheduler
+from django_tasklock.contrib import require
 
-from django_tasklock.contrib.celery.beat import LeaderMixin
+require("celery.database")
+
+from django_celery_beat.schedulers import DatabaseScheduler  # noqa: E402
+
+from django_tasklock.contrib.celery.beat import LeaderMixin  # noqa: E402
 
 
 class LeaderDatabaseScheduler(LeaderMixin, DatabaseScheduler):  # type: ignore[misc]
