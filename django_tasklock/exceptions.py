@@ -100,9 +100,9 @@ class SyncLockInAsyncContext(TaskLockError, SynchronousOnlyOperation):
 class AlreadyEnqueued(TaskLockError):
     """An enqueue with ``unique_on=`` was refused: an identical task is queued or running.
 
-    ``key`` is the unique key the task's arguments gave; ``holder`` is who holds
+    ``key`` is the unique key the task's arguments gave; ``held`` is who holds
     it (the process that enqueued it, while it waits; host and pid) with its
-    expiry, or None when the key changed hands while it was looked at.
+    expiry, or None when the key changed hands at each look.
     """
 
     def __init__(self, key: str, held: HeldLock | None = None) -> None:

@@ -38,6 +38,10 @@ T = TypeVar("T")
 
 logger = logging.getLogger("django_tasklock")
 
+# Looks at the key (and attempts at taking it when free) before a refusal
+# naming no holder: the key changed hands at each of them.
+_CLAIM_ATTEMPTS = 3
+
 
 def claim(key: str, *, ttl: Duration, backend: BaseBackend | None = None) -> str:
     """Take ``key`` for a task about to be enqueued; return the token to send with it.
@@ -52,13 +56,19 @@ def claim(key: str, *, ttl: Duration, backend: BaseBackend | None = None) -> str
     validate_key(key)
     options = LockOptions.resolve(ttl=ttl)
     storage = backend if backend is not None else get_backend()
-    # A read first: while the key is held (a burst of the same enqueue), no
-    # failed INSERT for PostgreSQL to log.
-    held = storage.peek(key)
-    if held is None:
+    held = None
+    for _ in range(_CLAIM_ATTEMPTS):
+        # A read first: while the key is held (a burst of the same enqueue), no
+        # failed INSERT for PostgreSQL to log.
+        held = storage.peek(key)
+        if held is not None:
+            break
         token = new_token()
         if storage.acquire(key, token, ttl=options.ttl, max_lifetime=options.max_lifetime):
             return token
+        # Taken between our look and our take (a rival enqueue of the same
+        # burst): look again, so that the refusal names who holds it, or, if
+        # that task has ended already, take the key after all.
     raise AlreadyEnqueued(key, held)
 
 

@@ -1,4 +1,4 @@
-"""@exclusive under Celery's @shared_task, run by a real ``celery worker`` process.
+"""@exclusive under Celery's @shared_task, run by a real ``celery worker`` (two pool processes).
 
 The broker is RabbitMQ (``TASKLOCK_TEST_AMQP_URL``), results come back over it
 (``rpc://``), and the lock lives in the test's SQLite database file, which the
@@ -17,7 +17,7 @@ import pytest
 from django.db import connections
 
 from django_tasklock.backends.database import DatabaseBackend
-from tests import processes, services
+from tests import framework_runs, processes, services
 from tests.jobs import wait_for
 
 pytestmark = pytest.mark.databases
@@ -91,6 +91,17 @@ def test_different_keys_run_at_the_same_time(celery_tasks: Any, signals: Path) -
     (signals / "one.release").touch()
     (signals / "two.release").touch()
     assert (one.get(timeout=60), two.get(timeout=60)) == ("ran:one", "ran:two")
+
+
+def test_two_worker_processes_fifty_overlapping_tasks_of_one_key_never_overlap(
+    celery_tasks: Any, signals: Path
+) -> None:
+    results = [celery_tasks.record.delay("volume", str(signals), 0.05) for _ in range(50)]
+    runs = framework_runs.await_runs(signals, 50)
+    framework_runs.assert_one_at_a_time(runs, 50)  # the workers: the pool's two processes
+    assert sorted(result.get(timeout=60) for result in results) == sorted(
+        ["ran"] * len(runs.ran_by) + ["skipped"] * len(runs.skipped_by)
+    )
 
 
 def test_after_release_the_key_runs_again(celery_tasks: Any, signals: Path) -> None:

@@ -19,7 +19,7 @@ import pytest
 from django.db import connections
 
 from django_tasklock import TaskLockService
-from tests import processes
+from tests import framework_runs, processes
 from tests.jobs import BUILTIN_TASKS, PATIENCE, wait_for
 
 pytestmark = pytest.mark.databases
@@ -116,3 +116,16 @@ def test_db_workers_run_tasks_of_different_keys_at_once(tasks: Any, tmp_path: Pa
     (tmp_path / "one.release").touch()
     (tmp_path / "two.release").touch()
     assert (outcome(one), outcome(two)) == ("ran:one", "ran:two")
+
+
+@pytest.mark.usefixtures("db_workers")
+def test_two_db_workers_fifty_overlapping_tasks_of_one_key_never_overlap(
+    tasks: Any, tmp_path: Path
+) -> None:
+    queued = tasks.record.using(backend="database")
+    results = [queued.enqueue("volume", str(tmp_path), 0.05) for _ in range(50)]
+    runs = framework_runs.await_runs(tmp_path, 50)
+    framework_runs.assert_one_at_a_time(runs, 50)
+    assert sorted(outcome(result) for result in results) == sorted(
+        ["ran"] * len(runs.ran_by) + ["skipped"] * len(runs.skipped_by)
+    )

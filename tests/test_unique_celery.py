@@ -1,11 +1,13 @@
 """``unique_on=`` with real Celery workers (RabbitMQ), keys on PostgreSQL and on Redis.
 
 A prefork worker (two processes) serves a queue of the test's; the test
-process enqueues, with the same lock storage as the worker.
+process enqueues, with the same lock storage as the worker, and so do the
+processes of the burst (``tests.unique_runs``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -18,16 +20,19 @@ import pytest
 from django.conf import settings
 from django.db import connections
 from django.test import override_settings
-from kombu.entity import Queue
+from kombu.entity import Exchange, Queue
 
 from django_tasklock.backends import get_backend
 from django_tasklock.exceptions import AlreadyEnqueued
-from tests import leader_runs, processes
+from tests import leader_runs, processes, unique_runs
 from tests.jobs import wait_for
 from tests.leader_runs import wait_until
 from tests.test_celery import amqp_url
 
 pytestmark = pytest.mark.databases
+
+#: Identical enqueues at once in the burst tests.
+BURST = 100
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +49,26 @@ def celery_unique() -> Iterator[Any]:
         Queue(celery_unique.queue)(connection.default_channel).delete()
 
 
+def worker_env(store: str, module: Any, queue: str | None = None) -> dict[str, str]:
+    """The environment of a worker (or an enqueuing process) keeping its keys in ``store``."""
+    return {
+        **leader_runs.lock_store(store),
+        "DJANGO_SETTINGS_MODULE": "tests.jobs.lock_settings",
+        "TASKLOCK_TEST_SQLITE": str(connections["default"].settings_dict["NAME"]),
+        "TASKLOCK_TEST_AMQP_URL": module.app.conf.broker_url,
+        "TASKLOCK_TEST_CELERY_QUEUE": queue or module.queue,
+    }
+
+
+def worker_args(queue: str) -> list[str]:
+    """A prefork worker of two processes serving ``queue``."""
+    return [
+        "celery", "-A", "tests.jobs.celery_unique", "worker", "--pool=prefork",
+        "--concurrency=2", "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "--loglevel=INFO", f"--hostname={queue}@%h",
+    ]  # fmt: skip
+
+
 @pytest.fixture(scope="module", params=["postgres", "redis"])
 def worker(
     request: pytest.FixtureRequest,
@@ -53,22 +78,9 @@ def worker(
 ) -> Iterator[tuple[str, Any]]:
     """(store, the tasks module), with a prefork worker keeping its keys in that store."""
     store: str = request.param
-    queue = celery_unique.queue
-    url = celery_unique.app.conf.broker_url
-    env = {
-        **leader_runs.lock_store(store),
-        "DJANGO_SETTINGS_MODULE": "tests.jobs.lock_settings",
-        "TASKLOCK_TEST_SQLITE": str(connections["default"].settings_dict["NAME"]),
-        "TASKLOCK_TEST_AMQP_URL": url,
-        "TASKLOCK_TEST_CELERY_QUEUE": queue,
-    }
-    args = [
-        "celery", "-A", "tests.jobs.celery_unique", "worker", "--pool=prefork",
-        "--concurrency=2", "--without-gossip", "--without-mingle", "--without-heartbeat",
-        "--loglevel=INFO", f"--hostname={queue}@%h",
-    ]  # fmt: skip
+    env = worker_env(store, celery_unique)
     log = tmp_path_factory.mktemp("celery-unique") / f"worker-{store}.log"
-    with processes.worker(args, env, log):
+    with processes.worker(worker_args(celery_unique.queue), env, log):
         yield store, celery_unique
         celery_unique.app.control.purge()  # nothing left for the next store's worker
 
@@ -95,18 +107,26 @@ def free(key: str) -> bool:
     return get_backend().peek(key) is None
 
 
+def burst_outcome(reports: list[dict[str, Any]], key: str) -> None:
+    """One of the burst's enqueues was accepted; every other was refused naming its lease."""
+    assert [error for report in reports for error in report["errors"]] == []
+    sent = [task for report in reports for task in report["sent"]]
+    refused = [lease for report in reports for lease in report["refused"]]
+    assert (len(sent), len(refused)) == (1, BURST - 1)
+    held = get_backend().peek(key)
+    assert held is not None
+    assert set(refused) == {held.lease}  # the lease of the one enqueued: none named nobody
+
+
 def test_a_burst_of_100_identical_enqueues_sends_one_and_it_runs_once(
-    tasks: Any, tmp_path: Path
+    worker: tuple[str, Any], tasks: Any, tmp_path: Path
 ) -> None:
     name = f"burst-{uuid.uuid4().hex[:8]}"
-    sent, refused = [], 0
-    for _ in range(100):
-        try:
-            sent.append(tasks.hold_unique.delay(name, str(tmp_path)))
-        except AlreadyEnqueued as exc:
-            refused += exc.key == f"unique:{name}"
-    assert (len(sent), refused) == (1, 99)
+    env = worker_env(worker[0], tasks)
+    # 4 processes of 25 threads, enqueueing at the same moment.
+    reports = unique_runs.enqueue_at_once(env, "celery", name, str(tmp_path), 4, BURST // 4)
     wait_for(tmp_path / f"{name}.holding")
+    burst_outcome(reports, f"unique:{name}")
     with pytest.raises(AlreadyEnqueued):  # running, still unique
         tasks.hold_unique.delay(name, str(tmp_path))
     (tmp_path / f"{name}.release").touch()
@@ -147,16 +167,50 @@ def test_a_revoked_task_frees_its_key(tasks: Any, tmp_path: Path) -> None:
 def test_a_worker_process_killed_mid_task_frees_its_key_within_the_ttl(
     tasks: Any, tmp_path: Path
 ) -> None:
+    """A pool process killed (its worker's main process lives on and replaces it)."""
     name = f"killed-{uuid.uuid4().hex[:8]}"
     tasks.hold_briefly_keyed.delay(name, str(tmp_path))
     wait_for(tmp_path / f"{name}.holding")
     time.sleep(1.5)  # held past its first refreshes: alive, the worker keeps it
     assert not free(f"unique:{name}")
-    os.kill(int((tmp_path / f"{name}.holding").read_text()), signal.SIGKILL)
-    killed = time.monotonic()
-    wait_until(lambda: free(f"unique:{name}"), 3 + 5, "the dead worker's key outlived its ttl")
-    assert time.monotonic() - killed <= 3 + 5  # unique_ttl, plus room for a loaded machine
+    pid = int((tmp_path / f"{name}.holding").read_text())
+    unique_runs.assert_freed_within_ttl(f"unique:{name}", 3, lambda: os.kill(pid, signal.SIGKILL))
     tasks.hold_briefly_keyed.delay(name, str(tmp_path))  # free: accepted
+    wait_until(lambda: len(runs(tmp_path, name)) == 2, 30, "the next task did not run")
+    (tmp_path / f"{name}.release").touch()
+
+
+def test_a_whole_worker_killed_mid_task_frees_its_key_within_the_ttl(
+    worker: tuple[str, Any], tasks: Any, tmp_path: Path
+) -> None:
+    """The worker's main process and its pool processes, all killed at once.
+
+    A worker of its own, on a queue of its own: the module's worker lives on.
+    """
+    name = f"whole-{uuid.uuid4().hex[:8]}"
+    own = f"{tasks.queue}-doomed-{uuid.uuid4().hex[:4]}"
+    # As the doomed worker declares it (tests.jobs.celery_unique under its queue).
+    queue = Queue(own, Exchange(own, type="direct"), routing_key=own, durable=False)
+    env = worker_env(worker[0], tasks, own)
+    try:
+        with processes.worker(worker_args(own), env, tmp_path / "doomed.log") as doomed:
+            tasks.hold_briefly_keyed.apply_async((name, str(tmp_path)), queue=queue)
+            wait_for(tmp_path / f"{name}.holding")
+            child = int((tmp_path / f"{name}.holding").read_text())
+            assert unique_runs.parent_of(child) == doomed.pid  # in a pool process of it
+            time.sleep(1.5)  # held past its first refreshes: alive, the worker keeps it
+            assert not free(f"unique:{name}")
+            # The worker runs in a process group of its own: the whole worker.
+            kill = functools.partial(os.killpg, doomed.pid, signal.SIGKILL)
+            unique_runs.assert_freed_within_ttl(f"unique:{name}", 3, kill)
+            assert doomed.wait(timeout=30) == -signal.SIGKILL
+            gone = "the pool process outlived the kill"
+            wait_until(lambda: unique_runs.parent_of(child) is None, 30, gone)
+    finally:
+        with tasks.app.connection_for_write() as connection:
+            queue(connection.default_channel).delete()
+            queue.exchange(connection.default_channel).delete()
+    tasks.hold_briefly_keyed.delay(name, str(tmp_path))  # free: accepted, by the other worker
     wait_until(lambda: len(runs(tmp_path, name)) == 2, 30, "the next task did not run")
     (tmp_path / f"{name}.release").touch()
 

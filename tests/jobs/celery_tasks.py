@@ -17,6 +17,7 @@ from django.apps import apps
 from kombu.entity import Queue
 
 from django_tasklock import LockLost, checkpoint, exclusive
+from tests import framework_runs
 from tests.jobs import PATIENCE, hold
 
 if not apps.ready:  # in the worker; the test process has set Django up already
@@ -43,6 +44,20 @@ app.conf.update(
 def hold_key(key: str, job: str, signals: str) -> str:
     """Hold ``celery:key`` until the test releases ``job``."""
     return hold(job, signals)
+
+
+def note_skipped(key: str, signals: str, pause: float) -> str:
+    """``on_locked`` of :func:`record`: says which worker process (pool child) skipped."""
+    framework_runs.skipped(signals, os.getpid())
+    return "skipped"
+
+
+@shared_task
+@exclusive("celery:{key}", ttl=60, on_locked=note_skipped)
+def record(key: str, signals: str, pause: float) -> str:
+    """Hold ``celery:key`` for ``pause`` seconds; write the interval held and the process."""
+    framework_runs.held_for(signals, pause, os.getpid())
+    return "ran"
 
 
 @shared_task(bind=True, max_retries=3)

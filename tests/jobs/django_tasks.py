@@ -1,8 +1,11 @@
-"""A task of Django's Tasks framework (``django.tasks``, or the django-tasks backport)."""
+"""Tasks of Django's Tasks framework (``django.tasks``, or the django-tasks backport)."""
 
 from __future__ import annotations
 
+import os
+
 from django_tasklock import exclusive
+from tests import framework_runs
 from tests.jobs import hold
 
 try:  # Django >= 6.0
@@ -16,3 +19,17 @@ except ImportError:  # the backport
 def hold_key(key: str, job: str, signals: str) -> str | None:
     """Hold ``django-task:key`` until the test releases ``job``."""
     return hold(job, signals)
+
+
+def note_skipped(key: str, signals: str, pause: float) -> str:
+    """``on_locked`` of :func:`record`: says which ``db_worker`` process skipped."""
+    framework_runs.skipped(signals, os.getpid())
+    return "skipped"
+
+
+@task()
+@exclusive("django-task:{key}", ttl=60, on_locked=note_skipped)
+def record(key: str, signals: str, pause: float) -> str:
+    """Hold ``django-task:key`` for ``pause`` seconds; write the interval held and the process."""
+    framework_runs.held_for(signals, pause, os.getpid())
+    return "ran"
