@@ -3,8 +3,9 @@
 What one process can see, and so what is judged here:
 
 - **Its own heartbeat** (:func:`heartbeat_findings`): the tick under way has
-  run, or the last one took, longer than the refresh interval of the leases
-  it refreshes (``ticks``). A process that holds no lock has nothing to show.
+  run, or a tick that ended less than two refresh intervals ago took, longer
+  than the refresh interval of the leases it refreshes (``ticks``; the
+  slowest is reported). A process that holds no lock has nothing to show.
 - **What the storage shows of every holder** (:func:`lease_findings`): each
   listed lease, against the first ``TASKLOCK_HEALTH`` entry whose pattern
   matches its key. Held longer than the entry's ``max_held`` (by the storage's
@@ -38,8 +39,9 @@ from django_tasklock import display
 from django_tasklock.backends.base import HeldLock
 from django_tasklock.conf import conf
 from django_tasklock.durations import to_timedelta
+from django_tasklock.lease import clock
 from django_tasklock.options import LockOptions
-from django_tasklock.ticks import last_tick
+from django_tasklock.ticks import recent_ticks
 
 SETTING = "TASKLOCK_HEALTH"
 FIELDS = ("max_held", "ttl", "refresh_interval", "max_lifetime")
@@ -82,9 +84,9 @@ class Finding:
         """A sentence; ``key=False`` names the entry's pattern instead of the key."""
         held, limit = display.duration(self.seconds), display.duration(self.limit)
         if self.kind == HEARTBEAT_BEHIND:
-            tick = "has run for" if self.under_way else "took"
+            tick = "its latest tick has run for" if self.under_way else "a recent tick took"
             return (
-                f"This process's heartbeat is behind: its latest tick {tick} {held}, "
+                f"This process's heartbeat is behind: {tick} {held}, "
                 f"longer than the refresh interval ({limit})."
             )
         which = repr(self.key) if key else f"A lock matching {self.pattern!r}"
@@ -161,14 +163,18 @@ def _regex(pattern: str) -> re.Pattern[str]:
 
 
 def heartbeat_findings() -> list[Finding]:
-    """This process's heartbeat, if its latest tick is slower than its refresh interval."""
-    tick = last_tick()
-    if tick is None or not tick.behind():
+    """This process's heartbeat, if a recent tick is slower than its refresh interval:
+    one finding, the slowest such tick (the quick ticks that follow it, of its backend
+    or another, do not hide it)."""
+    now = clock()
+    behind = [tick for tick in recent_ticks() if tick.behind(now)]
+    if not behind:
         return []
+    tick = max(behind, key=lambda tick: tick.seconds(now))
     return [
         Finding(
             HEARTBEAT_BEHIND,
-            seconds=tick.seconds(),
+            seconds=tick.seconds(now),
             limit=tick.refresh_interval,
             under_way=tick.ended is None,
         )

@@ -93,6 +93,9 @@ class Lease:
         self.holder = holder
         self.options = options
         self.pid = this_pid()
+        #: :func:`clock` just before the granted acquisition was sent: where the
+        #: hold starts, by this side's clock (the storage dated the grant after it).
+        self.asked_at = asked_at
         #: Acquisition + ``max_lifetime``: no refresh is sent after it.
         self.deadline = asked_at + options.max_lifetime.total_seconds()
         self.next_due = asked_at + options.refresh_interval.total_seconds()

@@ -1,12 +1,12 @@
 """Lock health: TASKLOCK_HEALTH, the findings, and the deploy check (``--tag tasklock``).
 
 The leases judged here are planted in real storage (acquired long ago, or
-with little time left); ``test_health_stall.py`` stalls a real heartbeat.
+with little time left); ``test_ticks.py`` judges this process's heartbeat, and
+``test_health_stall.py`` stalls a real one.
 """
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Any
 
@@ -16,10 +16,9 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from django_tasklock import health, ticks
+from django_tasklock import health
 from django_tasklock.backends.base import storage_key
 from django_tasklock.checks import check_health_setting, check_lock_health
-from django_tasklock.lease import clock
 from django_tasklock.service import new_token
 from django_tasklock.testing import ContractBackend
 from tests.conftest import runs_manage_py_check
@@ -196,81 +195,6 @@ def test_an_unreadable_storage_is_a_warning_not_a_crash() -> None:
 def test_without_the_setting_the_check_reads_no_storage() -> None:
     with override_settings(TASKLOCK_BACKEND="redis", TASKLOCK_REDIS_URL="redis://127.0.0.1:1/0"):
         assert check_lock_health() == []
-
-
-# -- this process's heartbeat -------------------------------------------------------
-
-
-def test_a_tick_is_behind_while_it_runs_past_its_interval() -> None:
-    tick = ticks.Tick(started=100.0, refresh_interval=2.0, leases=3)
-    assert not tick.behind(now=101.9)
-    assert tick.behind(now=102.1)
-    assert tick.seconds(now=105.0) == 5.0
-
-
-def test_a_finished_slow_tick_counts_until_two_intervals_after_it_ended() -> None:
-    slow = ticks.Tick(started=100.0, refresh_interval=2.0, leases=1, ended=103.0)
-    assert slow.behind(now=104.9)
-    assert not slow.behind(now=107.1)  # the heartbeat went idle: nothing ticks any more
-    quick = ticks.Tick(started=100.0, refresh_interval=2.0, leases=1, ended=101.0)
-    assert not quick.behind(now=101.5)
-
-
-def test_the_heartbeat_notes_its_ticks(key: str) -> None:
-    import time
-
-    from django_tasklock.backends.memory import MemoryBackend
-    from django_tasklock.service import TaskLockService
-
-    with TaskLockService(MemoryBackend()).lock(key, ttl=2, refresh_interval=0.1):
-        deadline = time.monotonic() + 10
-        # Another test's leases may still be ticking (in a backend group of their
-        # own): wait for a finished tick of this lease's group.
-        while time.monotonic() < deadline:
-            tick = ticks.last_tick()
-            if tick is not None and tick.ended is not None and tick.refresh_interval < 0.15:
-                break
-            time.sleep(0.01)
-    assert tick is not None
-    assert tick.ended is not None
-    assert tick.refresh_interval == pytest.approx(0.1)
-    assert tick.leases >= 1
-    assert health.heartbeat_findings() == []  # a quick tick
-
-
-@pytest.mark.filterwarnings("ignore:.*use of fork.. may lead to deadlocks:DeprecationWarning")
-def test_a_forked_child_does_not_inherit_a_tick_under_way() -> None:
-    saved = ticks._last
-    ticks._last = ticks.Tick(started=0.0, refresh_interval=1.0, leases=1)
-    try:
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            os.write(write, b"none" if ticks.last_tick() is None else b"tick")
-            os._exit(0)
-        os.close(write)
-        answer = os.read(read, 10)
-        os.waitpid(pid, 0)
-        os.close(read)
-    finally:
-        ticks._last = saved
-    assert answer == b"none"
-
-
-def test_heartbeat_finding_describes_the_tick() -> None:
-    saved = ticks._last
-    try:
-        ticks._last = ticks.Tick(started=clock() - 5, refresh_interval=1.0, leases=1)
-        [finding] = health.heartbeat_findings()
-        assert finding.under_way
-        assert finding.describe().startswith(
-            "This process's heartbeat is behind: its latest tick has run for 5."
-        )
-        assert finding.describe().endswith("longer than the refresh interval (1.0 s).")
-        [message] = check_lock_health()
-        assert message.id == "django_tasklock.W012"
-    finally:
-        ticks._last = saved
 
 
 def test_an_invalid_setting_is_left_to_e010_by_the_deploy_check() -> None:

@@ -16,14 +16,16 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 from django.conf import settings
 from django.test import override_settings
 
+from django_tasklock import health
 from django_tasklock.backends.database import DatabaseBackend
+from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.checks import check_lock_health
 from django_tasklock.lease import clock
@@ -125,6 +127,54 @@ def test_a_refresh_kept_waiting_by_a_paused_redis(server: PrivateRedis, key: str
         assert found == {W012, W013}
         assert _until(set(), within=3 * INTERVAL) == set()
         assert not lock.lost
+
+
+def test_a_slow_tick_is_not_hidden_by_the_quick_ticks_after_it(
+    server: PrivateRedis, key: str
+) -> None:
+    """Leases on two backends, ticks in a row on the one heartbeat thread. The paused
+    Redis's tick took longer than its interval; the ticks right after it are quick.
+    The heartbeat is still behind, for two of the slow tick's intervals after it
+    ended."""
+    paused = TaskLockService(RedisBackend(url=f"{server.url}?socket_timeout={TTL}"))
+    quick = TaskLockService(MemoryBackend())
+    admin = redis.Redis.from_url(server.url)
+    with (
+        paused.lock(key, ttl=TTL, refresh_interval=INTERVAL) as slow,
+        quick.lock(key, ttl=TTL, refresh_interval=0.1) as fast,
+    ):
+        assert slow._lease is not None
+        assert fast._lease is not None
+        slow_lease, fast_lease = slow._lease, fast._lease
+        acquired = slow_lease.answered_at
+        assert _wait(lambda: slow_lease.answered_at > acquired, within=5 * INTERVAL)
+        admin.client_pause(int(STALL * 1000), all=True)  # just after a refresh: the next waits
+        paused_at = clock()
+        try:
+            assert _wait(lambda: slow_lease.answered_at > paused_at, within=STALL + 5)
+        finally:
+            admin.client_unpause()
+        # Quick ticks after it: the memory backend's (waited for), and often first the
+        # paused lease's own next one (overdue by then).
+        answered = slow_lease.answered_at
+        assert _wait(lambda: fast_lease.answered_at > answered, within=2 * INTERVAL)
+        found = health.heartbeat_findings()
+        # The slow tick ended once the pause was over, about paused_at + STALL.
+        in_time = clock() < paused_at + STALL + 2 * INTERVAL - 0.1
+        assert in_time, "judged too late: the slow tick no longer counts (a loaded machine?)"
+        assert _ids() == {W012}
+    [finding] = found
+    assert finding.seconds > INTERVAL
+    assert not finding.under_way
+
+
+def _wait(condition: Callable[[], bool], *, within: float) -> bool:
+    deadline = clock() + within
+    while not condition():
+        if clock() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def test_a_holder_paused_in_another_process_is_seen_through_the_storage(key: str) -> None:

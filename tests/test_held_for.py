@@ -1,7 +1,7 @@
 """One "held for": the admin page, ``manage.py tasklock list`` and the health check agree.
 
 Each shows :func:`django_tasklock.display.seconds_held` (by the storage's
-clock), on every backend.
+clock), on every backend; ``tasklock.hold.duration`` counts from the same grant.
 """
 
 from __future__ import annotations
@@ -9,17 +9,22 @@ from __future__ import annotations
 import io
 import json
 import re
+import time
+from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client
 
-from django_tasklock import display, health
+from django_tasklock import TaskLockService, display, health
 from django_tasklock.backends.base import storage_key
 from django_tasklock.service import new_token
+from django_tasklock.signals import lock_acquired
 from django_tasklock.testing import ContractBackend
+from tests.otel_support import Telemetry, observed
 
 HELD = timedelta(hours=2, minutes=3, seconds=30)  # 30 s from a change of the minute shown
 
@@ -51,3 +56,35 @@ def test_admin_list_json_and_health_show_the_same_held_for(
     assert display.duration(listed["seconds_held"]) == display.duration(finding.seconds) == admin
     assert finding.seconds == pytest.approx(listed["seconds_held"], abs=5)
     assert finding.seconds == pytest.approx(HELD.total_seconds(), abs=25)
+
+
+@pytest.fixture
+def telemetry() -> Iterator[Telemetry]:
+    yield from observed()
+
+
+def test_hold_duration_is_the_held_for_shown_at_the_release(
+    any_backend: ContractBackend, telemetry: Telemetry, key: str
+) -> None:
+    """Held about a second, half of it in a ``lock_acquired`` receiver (the storage
+    has granted the lease by then): ``tasklock.hold.duration``, by the holder's clock
+    to the release, is the "held for" read by the storage's clock just before it,
+    plus the trips to the storage (a generous bound here: the relation, not a speed)."""
+
+    def slow_receiver(**kwargs: Any) -> None:
+        time.sleep(0.5)
+
+    lock_acquired.connect(slow_receiver, weak=False)
+    try:
+        with TaskLockService(any_backend.backend).lock(key, name="report"):
+            time.sleep(0.5)
+            [held] = [lock for lock in any_backend.backend.list() if lock.key == key]
+            seconds_held = display.seconds_held(held)
+    finally:
+        lock_acquired.disconnect(slow_receiver)
+    [duration] = telemetry.points("tasklock.hold.duration").values()
+    assert duration.count == 1
+    assert seconds_held >= 0.9
+    # Not shorter (the storage's clock, to a millisecond: its timestamps' precision).
+    assert duration.sum >= seconds_held - 0.01
+    assert duration.sum <= seconds_held + 0.5

@@ -9,13 +9,26 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import connections
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import Span, StatusCode
 
 from django_tasklock import ReplicationNotConfirmed, TaskLockService, aio
 from django_tasklock.backends.redis import RedisBackend
+from django_tasklock.testing import ContractBackend
 from tests.conftest import require_service
-from tests.otel_support import Telemetry, attrs, observed
+from tests.otel_support import (
+    STORES,
+    Telemetry,
+    attrs,
+    backend_of,
+    lock_metrics,
+    lock_span,
+    lock_spans,
+    metric_records,
+    observed,
+    open_store,
+)
 from tests.replication import close
 from tests.servers import private_redis
 
@@ -25,6 +38,11 @@ pytestmark = pytest.mark.databases
 @pytest.fixture
 def telemetry() -> Iterator[Telemetry]:
     yield from observed()
+
+
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest, key: str) -> Iterator[ContractBackend]:
+    yield from open_store(request.param, key)
 
 
 @pytest.mark.parametrize("short", [False, True])
@@ -95,3 +113,61 @@ def test_an_async_waiter_cancelled_leaves_no_span_open_and_no_count_behind(
     holds = telemetry.finished("tasklock.hold")
     granted = [s for s in acquires if (s.attributes or {})["tasklock.result"] == "acquired"]
     assert len(holds) == len(granted) >= 1
+
+
+def test_a_cancelled_async_waiter_is_an_error_of_its_class(
+    store: ContractBackend, telemetry: Telemetry, key: str
+) -> None:
+    """An acquisition its caller interrupts (a task cancelled while it waits for a held
+    key; a ``KeyboardInterrupt`` alike) failed, as OpenTelemetry records an exception
+    leaving an operation: result ``error``, status ERROR, ``error.type`` the class."""
+    service = TaskLockService(store.backend)
+    found = attrs(name="report", backend=backend_of(store))
+
+    def waiting() -> float:
+        return getattr(telemetry.points("tasklock.waiting").get(found), "value", 0)
+
+    async def main() -> Span:
+        with telemetry.work() as work:
+            holder = service.lock(key, name="report")
+            await holder.aacquire()
+            waiter = asyncio.ensure_future(service.lock(key, name="report", wait=30).aacquire())
+            deadline = asyncio.get_running_loop().time() + 15
+            while waiting() != 1:  # cancelled while it waits, not during its first look
+                assert asyncio.get_running_loop().time() < deadline, "it never waited"
+                await asyncio.sleep(0.02)
+            waiter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            await holder.arelease()
+        # The connections of the thread the storage calls ran in (off_loop's).
+        await sync_to_async(connections.close_all, thread_sensitive=True)()
+        return work
+
+    work = asyncio.run(main())
+    cancelled = {
+        **dict(found | attrs(result="error")),
+        "error.type": "asyncio.exceptions.CancelledError",
+    }
+    assert lock_spans(telemetry) == [
+        lock_span("tasklock.acquire", found | attrs(result="acquired"), parent=work),
+        lock_span(
+            "tasklock.acquire",
+            cancelled,
+            parent=work,
+            status=StatusCode.ERROR,
+            events=("exception",),
+        ),
+        lock_span("tasklock.hold", found, parent=work),
+    ]
+    assert metric_records(telemetry) == lock_metrics(
+        {
+            "tasklock.acquire.duration": {
+                found | attrs(result="acquired"): 1,
+                found | attrs(result="error"): 1,
+            },
+            "tasklock.waiting": {found: 0},
+            "tasklock.hold.duration": {found: 1},
+            "tasklock.active": {found: 0},
+        }
+    )

@@ -13,16 +13,15 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from django_tasklock import TaskLockService, contrib, current_lock, exclusive, observe
+from django_tasklock import Lock, TaskLockService, contrib, current_lock, exclusive, observe
 from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.contrib import (
     INTEGRATIONS,
     Integration,
     MissingFramework,
     otel,
-    otel_conventions,
 )
-from tests.otel_support import Telemetry, observed
+from tests.otel_support import Telemetry, eventually, observed
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The values tasklock.result takes.
@@ -33,6 +32,12 @@ def current_name() -> str | None:
     lock = current_lock()
     assert lock is not None
     return lock.name
+
+
+def current_key() -> str:
+    lock = current_lock()
+    assert lock is not None
+    return lock.key
 
 
 def work(n: int) -> int:
@@ -100,35 +105,59 @@ def test_an_unnamed_lock_reports_no_name(telemetry: Telemetry) -> None:
 
 
 def test_ten_thousand_keys_under_three_templates_make_few_series(telemetry: Telemetry) -> None:
+    """Every outcome among them (acquired, held elsewhere, a wait that times out, a
+    loss) and every metric: each metric's series are bounded by the templates (and
+    the backend), however many keys."""
     backend = MemoryBackend()
     service = TaskLockService(backend)
     templates = ("invoice:{n}", "report:{n}", "mail:{n}")
-    functions = [exclusive(template, service=service)(work) for template in templates]
-    for n in range(10_000):
-        if n % 100 == 0:  # some keys held elsewhere: a second result
-            held = service.lock(templates[n % 3].format(n=n)).acquire()
-            functions[n % 3](n)
-            held.release()
-        else:
-            functions[n % 3](n)
-    series = {
-        name: set(telemetry.points(name))
-        for name in otel_conventions.METRICS
-        if telemetry.points(name)
-    }
-    assert set(series) >= {
-        "tasklock.acquire.duration",
-        "tasklock.hold.duration",
-        "tasklock.active",
-        "tasklock.skipped",
-    }
+
+    def lose(n: int) -> Lock:
+        """A body whose lock is lost: an operator releases it, another holder takes the
+        key, and the release at the end finds it taken."""
+        key = current_key()
+        backend.force_release(key)
+        return service.lock(key).acquire()
+
+    runs = [exclusive(template, service=service)(work) for template in templates]
+    waits = [exclusive(template, service=service, wait=0.1)(work) for template in templates]
+    losses = [exclusive(template, service=service)(lose) for template in templates]
+    # Ticking all along (unnamed): the heartbeat's series.
+    with service.lock("cardinality-beat", ttl=5, refresh_interval=0.05):
+        for n in range(10_000):
+            template = templates[n % 3]
+            if n % 100 == 0:  # held elsewhere: not run
+                with service.lock(template.format(n=n)):
+                    assert runs[n % 3](n) is None
+            elif n % 1000 == 1:  # held elsewhere all through a wait: not run either
+                with service.lock(template.format(n=n)):
+                    assert waits[n % 3](n) is None
+            elif n % 1000 == 2:
+                taker = losses[n % 3](n)
+                assert taker is not None
+                taker.release()
+            else:
+                assert runs[n % 3](n) == n
+        eventually(lambda: bool(telemetry.points("tasklock.heartbeat.duration")))
+    series = {name: set(telemetry.points(name)) for name in telemetry.metrics()}
     for name, found in series.items():
         assert len(found) <= len(templates) * RESULTS, name
         named = {dict(attributes).get("tasklock.name") for attributes in found}
         assert named <= {*templates, None}, name
-    # The acquisitions themselves: 3 templates x (acquired, held_elsewhere), plus the
-    # 100 unnamed holders of the held keys.
-    assert len(series["tasklock.acquire.duration"]) == 3 * 2 + 1
+    # Per template: acquired, held_elsewhere, timeout; plus the unnamed locks (the
+    # holders of the held keys, the takers, the ticking one), all acquired.
+    assert {name: len(found) for name, found in series.items()} == {
+        "tasklock.acquire.duration": 3 * 3 + 1,
+        "tasklock.hold.duration": 3 + 1,
+        "tasklock.active": 3 + 1,
+        "tasklock.waiting": 3,
+        "tasklock.lost": 3,  # one reason: taken
+        "tasklock.skipped": 3,  # held elsewhere, and timed out
+        "tasklock.heartbeat.duration": 1,  # by backend only
+        "tasklock.heartbeat.leases": 1,
+    }
+    reasons = {dict(attributes)["tasklock.lost.reason"] for attributes in series["tasklock.lost"]}
+    assert reasons == {"taken"}
 
 
 def test_the_setting_installs_and_removes_the_observer() -> None:

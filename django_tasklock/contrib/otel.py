@@ -141,7 +141,7 @@ class Telemetry:
         """The grant: a hold starts, ended by :meth:`released` (or never, in a forked child)."""
         lease = lock._lease
         assert lease is not None
-        hold = _Hold(self, found, lock.fence)
+        hold = _Hold(self, found, lock.fence, lease.asked_at)
         self._holds[lease] = hold
         lease.on_loss(hold.lose)
 
@@ -232,10 +232,15 @@ def _global_providers_set() -> bool:
 
 
 class _Hold:
-    def __init__(self, telemetry: Telemetry, found: dict[str, str], fence: int | None) -> None:
+    """``tasklock.hold``; ``tasklock.hold.duration`` from the grant (``asked_at``) to the
+    release, on :func:`clock`, which counts a suspend as the storage's clock does."""
+
+    def __init__(
+        self, telemetry: Telemetry, found: dict[str, str], fence: int | None, asked_at: float
+    ) -> None:
         self.telemetry = telemetry
         self.found = found
-        self.started = time.perf_counter()
+        self.started = asked_at
         self.span = telemetry.tracer.start_span(
             "tasklock.hold", kind=SpanKind.INTERNAL, attributes=found
         )
@@ -253,7 +258,7 @@ class _Hold:
 
     def end(self) -> None:
         self.telemetry.active.add(-1, self.found)
-        self.telemetry.hold_duration.record(time.perf_counter() - self.started, self.found)
+        self.telemetry.hold_duration.record(clock() - self.started, self.found)
         self.span.end()
 
 
