@@ -99,7 +99,15 @@ class Lean:
             head = self._head(sha, count, len(args))
         parts = [head]
         for value in (*keys, *args):
-            data = _arg(value)
+            kind = type(value)  # exact types first: this runs a few times per call
+            if kind is str:
+                data = value.encode()
+            elif kind is bytes:
+                data = value
+            elif kind is int:
+                data = b"%d" % value
+            else:
+                data = _arg(value)
             parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
         packed = [b"".join(parts)]
         pool = self._pool
