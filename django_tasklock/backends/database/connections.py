@@ -74,7 +74,9 @@ def in_callers_transaction(connection: BaseDatabaseWrapper) -> bool:
         return True
     if connection.connection is None:
         return not connection.settings_dict.get("AUTOCOMMIT", True)
-    return not connection.get_autocommit()
+    # get_autocommit() without its ensure_connection(): the connection is open (this
+    # runs several times per lock cycle).
+    return not connection.autocommit
 
 
 def joins_callers_transaction(connection: BaseDatabaseWrapper) -> bool:

@@ -15,6 +15,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+from django_tasklock.backends.redis.lean import Lean
 from django_tasklock.backends.redis.scripts import PRELUDE, SCRIPTS
 
 #: One script call: the script's name, its keys, its arguments.
@@ -37,6 +38,9 @@ class Scripts:
         self.shas = {
             name: hashlib.sha1(body.encode()).hexdigest() for name, body in self.bodies.items()
         }
+        self._sha_bytes = {name: sha.encode() for name, sha in self.shas.items()}
+        #: A plain client's calls skip redis-py's command layers (see ``lean``).
+        self.lean = None if self.cluster else Lean.of(client)
 
     def load(self) -> None:
         """``SCRIPT LOAD`` every script (on a cluster: on every master)."""
@@ -46,6 +50,14 @@ class Scripts:
     def run(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         from redis.exceptions import NoScriptError  # imported by the client already
 
+        lean = self.lean
+        if lean is not None and lean.usable():
+            sha = self._sha_bytes[name]
+            try:
+                return lean.evalsha(sha, keys, args)
+            except NoScriptError:
+                self.load()
+                return lean.evalsha(sha, keys, args)
         try:
             return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
         except NoScriptError:

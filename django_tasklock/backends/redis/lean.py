@@ -1,0 +1,141 @@
+"""One script call sent on a plain client's pooled connection, without redis-py's command layers.
+
+A lock cycle on Redis is two ``EVALSHA`` calls. Through ``execute_command``,
+redis-py packs every argument with its generic encoder, records its own
+observability, looks for ``HIMPORT`` and wraps the exchange in its retry
+loop: about a sixth of the cycle's CPU, and more than all of the lock's own
+bookkeeping. :class:`Lean` packs the ``EVALSHA`` itself (its fixed head
+built once per script and key count) and sends it as ``execute_command``
+would: on a connection checked out of the client's own pool and returned to
+it, with the connection's own health checks, reconnects and errors, and its
+own ``Retry`` (a client made from a URL has none; a ``redis.Redis(...)`` built
+by hand retries a timed-out command, and still does here).
+
+It stands aside, and the client's ``evalsha`` is used, wherever it could not
+speak for the client exactly: a cluster; a redis-py older than 5.3; a client
+class that overrides ``execute_command``, or an instrumentation wrapping it
+(OpenTelemetry's redis instrumentation: its spans stay), looked at on every
+call; redis-py's own observability turned on, likewise; a single-connection
+client, client-side caching, a response callback for ``EVALSHA``, or an
+encoding other than strict UTF-8.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+_MIN_REDIS = (5, 3)  # get_connection() without arguments; Retry.get_retries()
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for part in text.split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def _observing() -> Callable[[], bool]:
+    """Whether redis-py's own observability is on (it records every command)."""
+    try:
+        from redis.observability.providers import get_observability_instance
+    except ImportError:  # redis-py without it
+        return lambda: False
+    return lambda: get_observability_instance().get_provider_manager() is not None
+
+
+def _arg(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return b"%d" % value
+    raise TypeError(f"a script argument must be bytes, str or int, not {type(value).__name__}")
+
+
+class Lean:
+    """``EVALSHA`` on ``client``'s pool, packed here; made by :meth:`of` (None where it can't)."""
+
+    def __init__(self, client: Any, execute_command: Any) -> None:
+        self.client = client
+        self._pool = client.connection_pool
+        self._execute_command = execute_command
+        self._observing = _observing()
+        self._heads: dict[tuple[bytes, int, int], bytes] = {}
+
+    @classmethod
+    def of(cls, client: Any) -> Lean | None:
+        """A Lean for a plain ``redis.Redis`` it can speak for exactly, else None."""
+        import redis
+
+        if not isinstance(client, redis.Redis) or _version(redis.__version__) < _MIN_REDIS:
+            return None
+        plain = redis.Redis.__dict__.get("execute_command")
+        if plain is None or hasattr(plain, "__wrapped__"):  # instrumented already
+            return None
+        pool = client.connection_pool
+        options = pool.connection_kwargs
+        if (
+            getattr(client, "connection", None) is not None  # single_connection_client
+            or getattr(pool, "cache", None) is not None  # client-side caching
+            or "EVALSHA" in client.response_callbacks
+            or str(options.get("encoding", "utf-8")).lower() not in ("utf-8", "utf8")
+            or options.get("encoding_errors", "strict") != "strict"
+        ):
+            return None
+        return cls(client, plain)
+
+    def usable(self) -> bool:
+        """Not since instrumented, nor redis-py's observability turned on: looked at per call."""
+        return type(self.client).execute_command is self._execute_command and not self._observing()
+
+    def evalsha(self, sha: bytes, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """``EVALSHA sha len(keys) *keys *args``: the reply or error ``evalsha`` would give."""
+        count = len(keys)
+        head = self._heads.get((sha, count, len(args)))
+        if head is None:
+            head = self._head(sha, count, len(args))
+        parts = [head]
+        for value in (*keys, *args):
+            kind = type(value)  # exact types first: this runs a few times per call
+            if kind is str:
+                data = value.encode()
+            elif kind is bytes:
+                data = value
+            elif kind is int:
+                data = b"%d" % value
+            else:
+                data = _arg(value)
+            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        packed = [b"".join(parts)]
+        pool = self._pool
+        conn = pool.get_connection()
+        try:
+            retry = conn.retry
+            if retry.get_retries():
+                return retry.call_with_retry(
+                    lambda: self._exchange(conn, packed), lambda _error: conn.disconnect()
+                )
+            return self._exchange(conn, packed)
+        finally:
+            pool.release(conn)
+
+    @staticmethod
+    def _exchange(conn: Any, packed: list[bytes]) -> Any:
+        conn.send_packed_command(packed)
+        return conn.read_response()
+
+    def _head(self, sha: bytes, keys: int, args: int) -> bytes:
+        numkeys = b"%d" % keys
+        head = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
+            3 + keys + args,
+            len(sha),
+            sha,
+            len(numkeys),
+            numkeys,
+        )
+        if len(self._heads) < 64:  # a few scripts, a few key counts; refresh_many varies
+            self._heads[sha, keys, args] = head
+        return head

@@ -1,0 +1,203 @@
+"""The Redis backend's lean script calls (backends/redis/lean.py): the same outcomes as
+``client.evalsha``, the client's own retries, and standing aside where it could not
+speak for the client (an instrumentation, a single connection, a callback, an encoding)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from django_tasklock import TaskLockService
+from django_tasklock.backends.base import Refresh, lease_id
+from django_tasklock.backends.redis import RedisBackend
+from django_tasklock.backends.redis.lean import Lean
+from django_tasklock.testing.proxy import FaultProxy
+from django_tasklock.testing.support import LIFE, LONG
+from django_tasklock.tokens import new_token
+from tests.conftest import require_service
+from tests.otel_support import Telemetry, children, observed
+
+pytestmark = pytest.mark.databases
+
+
+@pytest.fixture
+def url() -> str:
+    require_service("redis")
+    assert settings.REDIS_URL is not None
+    return settings.REDIS_URL
+
+
+@pytest.fixture
+def telemetry() -> Iterator[Telemetry]:
+    yield from observed()
+
+
+def _no_evalsha(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("client.evalsha used: the lean call stood aside")
+
+
+def test_a_url_client_sends_its_scripts_lean_with_the_same_outcomes(
+    url: str, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = RedisBackend(url=url)
+    try:
+        scripts = backend._calls()
+        assert scripts.lean is not None
+        assert scripts.lean.usable()
+        monkeypatch.setattr(scripts.client, "evalsha", _no_evalsha)
+        token = new_token()
+        assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        assert not backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
+        assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)  # sent again: ours
+        assert backend.refresh(key, token, ttl=LONG, max_lifetime=LIFE)
+        other = new_token()
+        assert backend.refresh_many(
+            [Refresh(key, token, LONG, LIFE), Refresh(key, other, LONG, LIFE)]
+        ) == [True, False]
+        scripts.client.script_flush()  # NOSCRIPT: loaded again, sent again
+        assert backend.refresh(key, token, ttl=LONG, max_lifetime=LIFE)
+        assert backend.fence(key, token) is not None
+        held = backend.peek(key)
+        assert held is not None
+        assert held.key == key
+        assert backend.release(key, token)
+        assert backend.peek(key) is None
+        result = TaskLockService(backend).run_exclusive(key, lambda: "ran", ttl=5)
+        assert (result.acquired, result.result, result.lost) == (True, "ran", False)
+    finally:
+        backend.close()
+
+
+@pytest.fixture
+def proxy(url: str) -> Iterator[FaultProxy]:
+    import redis
+
+    pool = redis.Redis.from_url(url).connection_pool
+    host, port = pool.connection_kwargs["host"], pool.connection_kwargs["port"]
+    with FaultProxy((host, port), lifetime=60) as running:
+        yield running
+
+
+def _through(proxy: FaultProxy, url: str, **options: Any) -> Any:
+    import redis
+
+    db = redis.Redis.from_url(url).connection_pool.connection_kwargs.get("db", 0)
+    return redis.Redis(host=proxy.host, port=proxy.port, db=db, **options)
+
+
+def test_a_client_that_retries_still_retries_a_lost_reply(
+    proxy: FaultProxy, url: str, key: str
+) -> None:
+    # redis.Redis(...) built by hand retries a command whose connection broke; sent
+    # again, the acquisition finds its own token: acquired, once.
+    client = _through(proxy, url)
+    backend = RedisBackend(client=client)
+    try:
+        assert backend._calls().lean is not None
+        assert client.connection_pool.get_connection().retry.get_retries() > 0
+        token = new_token()
+        proxy.drop_reply(match=b"EVALSHA", times=1)
+        assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        assert proxy.dropped == 1
+        held = backend.peek(key)
+        assert held is not None
+        assert held.lease == lease_id(token)
+        assert backend.release(key, token)
+    finally:
+        backend.close()
+
+
+def test_a_client_without_retries_raises_the_lost_reply(
+    proxy: FaultProxy, url: str, key: str
+) -> None:
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError
+    from redis.retry import Retry
+
+    client = _through(proxy, url, retry=Retry(NoBackoff(), 0))
+    backend = RedisBackend(client=client)
+    try:
+        assert backend._calls().lean is not None
+        token = new_token()
+        proxy.drop_reply(match=b"EVALSHA", times=1)
+        with pytest.raises(ConnectionError):
+            backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        assert backend.peek(key) is not None  # the server acted; the caller was told
+        assert backend.release(key, token)
+    finally:
+        backend.close()
+
+
+def test_an_instrumentation_added_later_sees_every_call(
+    url: str, key: str, telemetry: Telemetry
+) -> None:
+    from opentelemetry.instrumentation.redis import RedisInstrumentor
+
+    backend = RedisBackend(url=url)
+    service = TaskLockService(backend)
+    try:
+        with service.lock(key, name="before"):
+            pass
+        lean = backend._calls().lean
+        assert lean is not None
+        assert lean.usable()
+        instrumentor = RedisInstrumentor()
+        instrumentor.instrument(tracer_provider=telemetry.tracer_provider, skip_dep_check=True)
+        try:
+            assert not lean.usable()
+            with service.lock(key, name="instrumented"):
+                pass
+        finally:
+            instrumentor.uninstrument()
+        assert lean.usable()
+        spans = {
+            dict(span.attributes or {})["tasklock.name"]: span
+            for span in telemetry.finished("tasklock.acquire")
+        }
+        below = children(telemetry, spans["instrumented"])
+        assert below
+        assert all((s.attributes or {}).get("db.system") == "redis" for s in below)
+        assert children(telemetry, spans["before"]) == []
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"single_connection_client": True},
+        {"encoding": "latin-1"},
+    ],
+    ids=["single connection", "latin-1"],
+)
+def test_clients_it_cannot_speak_for_use_evalsha(
+    url: str, key: str, options: dict[str, Any]
+) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url, **options)
+    assert Lean.of(client) is None
+    backend = RedisBackend(client=client)
+    try:
+        assert backend._calls().lean is None
+        token = new_token()
+        assert backend.acquire(key, token, ttl=timedelta(seconds=5), max_lifetime=LIFE)
+        assert backend.release(key, token)
+    finally:
+        backend.close()
+
+
+def test_a_response_callback_for_evalsha_is_left_to_the_client(url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    client.set_response_callback("EVALSHA", lambda reply, **options: reply)
+    assert Lean.of(client) is None
+
+
+def test_only_a_redis_client_is_sent_lean() -> None:
+    assert Lean.of(object()) is None  # a RedisCluster is no redis.Redis either
