@@ -3,8 +3,8 @@
 Scripts are sent by SHA (``EVALSHA``). A server that does not know one
 (restarted, ``SCRIPT FLUSH``, a replica promoted in a failover, a master
 added to a cluster) answers ``NOSCRIPT``: every script is loaded again
-(``SCRIPT LOAD``, which a ``RedisCluster`` sends to every master) and the
-call is sent again. The same code serves ``redis.Redis`` and redis-py's
+(``SCRIPT LOAD``; on a cluster, on every master that answers) and the call
+is sent again. The same code serves ``redis.Redis`` and redis-py's
 ``RedisCluster``: every script's keys live in one hash slot (see ``slots``),
 and redis-py follows ``MOVED``, ``ASK`` and ``TRYAGAIN`` itself.
 """
@@ -39,9 +39,31 @@ class Scripts:
         }
 
     def load(self) -> None:
-        """``SCRIPT LOAD`` every script (on a cluster: on every master)."""
-        for body in self.bodies.values():
-            self.client.script_load(body)
+        """``SCRIPT LOAD`` every script; on a cluster, on every master that answers.
+
+        A master that cannot be reached (down, paused, in a failover) is
+        skipped: it meets ``NOSCRIPT`` and loads them when it answers again,
+        and the call that asked for the scripts, on a master that answered,
+        goes on. Only when no master answers is the error raised.
+        """
+        if not self.cluster:
+            for body in self.bodies.values():
+                self.client.script_load(body)
+            return
+        from redis.exceptions import ConnectionError, TimeoutError
+
+        masters = self.client.get_primaries()
+        errors: list[Exception] = []
+        for node in masters:
+            pipe = self.client.get_redis_connection(node).pipeline(transaction=False)
+            for body in self.bodies.values():
+                pipe.script_load(body)
+            try:
+                pipe.execute()
+            except (ConnectionError, TimeoutError) as error:
+                errors.append(error)
+        if len(errors) == len(masters) and errors:
+            raise errors[0]
 
     def run(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         from redis.exceptions import NoScriptError  # imported by the client already
