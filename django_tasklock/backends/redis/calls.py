@@ -97,16 +97,18 @@ class Scripts:
     ) -> list[Any]:
         """Every call pipelined (not a transaction); the replies in order.
 
-        With ``failed``, on a cluster a master that cannot be reached does not
-        fail the calls of the others: its calls' replies are None, and their
-        indexes are put in ``failed`` with the error.
+        With ``failed``, on a cluster a master that cannot be reached, or that
+        answers an error (``CLUSTERDOWN`` while it sees the cluster down, in a
+        failover), does not fail the calls of the others: the failed calls'
+        replies are None, and their indexes are put in ``failed`` with the error.
 
         On a ``RedisCluster``, one plain pipeline per master, by the slot
         layout the client knows (redis-py's cluster pipeline costs several
         times the CPU per command). A call met with ``NOSCRIPT``, ``MOVED``,
         ``ASK`` or ``TRYAGAIN`` (a slot moving, a failover) is sent again on
         its own through the client, which loads the scripts or follows the
-        slot (a ``refresh_many`` by :meth:`run_refreshes`); any other error is raised.
+        slot (a ``refresh_many`` by :meth:`run_refreshes`); any other error is
+        raised (with ``failed`` on a cluster: put there).
         """
         from redis.cluster import RedisCluster
         from redis.exceptions import (
@@ -114,6 +116,7 @@ class Scripts:
             ConnectionError,
             MovedError,
             NoScriptError,
+            RedisError,
             TimeoutError,
             TryAgainError,
         )
@@ -147,7 +150,9 @@ class Scripts:
                 if isinstance(answer, (NoScriptError, MovedError, AskError, TryAgainError)):
                     again.append(index)
                 elif isinstance(answer, Exception):
-                    raise answer
+                    if node is None or failed is None:
+                        raise answer
+                    failed[index] = answer  # this call only: the others were answered
                 else:
                     replies[index] = answer
         for index in again:
@@ -156,8 +161,9 @@ class Scripts:
                 replies[index] = (
                     self.run_refreshes(call) if call[0] == "refresh_many" else self.run(*call)
                 )
-            except (ConnectionError, TimeoutError) as error:
-                if failed is None:
+            except RedisError as error:
+                unreachable = isinstance(error, (ConnectionError, TimeoutError))
+                if failed is None or not (unreachable or self.cluster):
                     raise
                 failed[index] = error
         return replies

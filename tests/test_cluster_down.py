@@ -1,0 +1,94 @@
+"""A master that sees the cluster down (``CLUSTERDOWN``), as masters do during a failover.
+
+While a slot has no master answering for it (its master failed, no replica
+promoted yet), a master that sees it so answers every command ``CLUSTERDOWN
+The cluster is down``, while others may still serve theirs. Here one master
+is made to see the cluster that way for real: it forgets one slot of its own
+(``CLUSTER DELSLOTS``; the other nodes still map the slot to it, so they stay
+``ok``), and takes it back at the end (``CLUSTER ADDSLOTS``). On the test
+run's private cluster (``tests/cluster.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from redis.exceptions import ClusterDownError
+
+from django_tasklock.backends.base import PartlyRefreshed, Refresh, storage_key
+from django_tasklock.backends.redis import RedisBackend
+from django_tasklock.backends.redis.slots import key_slot
+from django_tasklock.service import new_token
+from tests.cluster import PrivateCluster
+
+TTL = timedelta(seconds=60)
+
+
+@contextlib.contextmanager
+def sees_the_cluster_down(
+    cluster: PrivateCluster, port: int, spare: set[int]
+) -> Iterator[Callable[[], None]]:
+    """The master on ``port`` sees the cluster down; yields ``heal()``, which ends it early.
+
+    The slot it forgets is one of its own not in ``spare`` (the tests' keys stay served).
+    """
+    node = cluster.node(port)
+    slot = min(cluster.slots_of(port) - spare)
+    healed = threading.Event()
+
+    def heal() -> None:
+        if not healed.is_set():
+            node.execute_command("CLUSTER ADDSLOTS", slot)
+            healed.set()
+
+    node.execute_command("CLUSTER DELSLOTS", slot)
+    try:
+        end = time.monotonic() + 30
+        while node.cluster("info")["cluster_state"] != "fail":
+            assert time.monotonic() < end, "the master never saw the cluster down"
+            time.sleep(0.01)
+        yield heal
+    finally:
+        heal()
+        cluster.wait_until_ok()
+
+
+def _one_key_per_master(client: Any, key: str) -> dict[int, str]:
+    found: dict[int, str] = {}
+    for i in range(1000):
+        name = f"{key}:{i}"
+        found.setdefault(client.get_node_from_key(storage_key(name)).port, name)
+        if len(found) == 3:
+            return found
+    raise AssertionError("three masters, but keys reach fewer")
+
+
+def test_a_master_answering_clusterdown_fails_only_its_own_leases_refreshes(
+    redis_cluster: PrivateCluster, key: str
+) -> None:
+    backend = RedisBackend(url=redis_cluster.url)
+    names = _one_key_per_master(backend._conn(), key)
+    items = {port: Refresh(name, new_token(), TTL, TTL) for port, name in names.items()}
+    for item in items.values():
+        assert backend.acquire(item.key, item.token, ttl=TTL, max_lifetime=TTL)
+    down = next(iter(items))
+    spare = {key_slot(storage_key(name)) for name in names.values()}
+    try:
+        with (
+            sees_the_cluster_down(redis_cluster, down, spare),
+            pytest.raises(PartlyRefreshed) as raised,
+        ):
+            backend.refresh_many(list(items.values()))
+        assert raised.value.answers == [None if port == down else True for port in items]
+        assert isinstance(raised.value.__cause__, ClusterDownError)
+        assert backend.refresh_many(list(items.values())) == [True, True, True]
+    finally:
+        for item in items.values():
+            backend.release(item.key, item.token)
+        backend._conn().close()
