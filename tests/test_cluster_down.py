@@ -19,9 +19,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ClusterDownError
+from redis.retry import Retry
 
-from django_tasklock.backends.base import PartlyRefreshed, Refresh, storage_key
+from django_tasklock.backends.base import PartlyRefreshed, Refresh, Released, storage_key
 from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.backends.redis.slots import key_slot
 from django_tasklock.service import new_token
@@ -69,6 +72,10 @@ def _one_key_per_master(client: Any, key: str) -> dict[int, str]:
     raise AssertionError("three masters, but keys reach fewer")
 
 
+def _clusterdown_replies(node: Any) -> int:
+    return int(node.info("errorstats").get("errorstat_CLUSTERDOWN", {}).get("count", 0))
+
+
 def test_a_master_answering_clusterdown_fails_only_its_own_leases_refreshes(
     redis_cluster: PrivateCluster, key: str
 ) -> None:
@@ -92,3 +99,46 @@ def test_a_master_answering_clusterdown_fails_only_its_own_leases_refreshes(
         for item in items.values():
             backend.release(item.key, item.token)
         backend._conn().close()
+
+
+def test_a_release_refused_with_clusterdown_is_an_error_and_sent_again_ends_the_lease(
+    redis_cluster: PrivateCluster, key: str
+) -> None:
+    # The master is healed as soon as it has refused the release, before
+    # redis-py (told not to retry) gives up on it 0.25 s later: a fallback
+    # sent then would be served. The release sent again must find the lease
+    # (RELEASED), and once more its tombstone (GONE): never LOST.
+    nodes = [ClusterNode("127.0.0.1", p) for p in redis_cluster.ports]  # type: ignore[no-untyped-call]
+    client = RedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0))
+    backend = RedisBackend(client=client)
+    token = new_token()
+    assert backend.acquire(key, token, ttl=TTL, max_lifetime=TTL)
+    port = client.get_node_from_key(storage_key(key)).port  # type: ignore[no-untyped-call]
+    node = redis_cluster.node(port)
+    try:
+        with sees_the_cluster_down(redis_cluster, port, {key_slot(storage_key(key))}) as heal:
+            refusals = _clusterdown_replies(node)
+
+            def heal_after_the_refusal() -> None:
+                end = time.monotonic() + 30
+                while _clusterdown_replies(node) == refusals and time.monotonic() < end:
+                    time.sleep(0.005)
+                heal()
+
+            healer = threading.Thread(target=heal_after_the_refusal)
+            healer.start()
+            first: Released | None = None
+            try:
+                first = backend.release_outcome(key, token)
+            except ClusterDownError:
+                pass  # an error: the lock logs it, and the lease ends after its ttl
+            finally:
+                healer.join()
+        again = backend.release_outcome(key, token)
+        assert again is (Released.GONE if first else Released.RELEASED)  # never LOST
+        assert first is None, "a release refused with CLUSTERDOWN was sent without its tombstone"
+        assert backend.release_outcome(key, token) is Released.GONE
+        assert backend.peek(key) is None
+    finally:
+        backend.release(key, token)
+        client.close()
