@@ -1,18 +1,26 @@
 """The Redis heartbeat at 10,000 leases: on a Redis Cluster, and on one Redis for scale.
 
-    python bench/cluster.py [--leases 10000] [--window 10]
+    python bench/cluster.py [--leases 10000] [--window 10] [--publish [--loaded]]
 
 Starts its own servers on free loopback ports (``tests/cluster.py``: 3
 masters + 3 replicas; ``tests/servers.py``: one ``redis-server``), so it needs
 the ``test`` extra and the Debian ``redis-server``; nothing shared is touched.
-The leases (ttl 30 s, refresh interval 1 s) are written in bulk (not
-measured) and handed to the process's heartbeat as ``run_exclusive`` would.
-Over the window: scripts per tick (``EVALSHA`` calls counted by the masters'
-``INFO commandstats``, divided by the heartbeat's ``refresh_many`` calls),
-the heartbeat thread's CPU (from ``/proc``), the median tick, lost leases.
-Refreshes go one script per hash slot and 500 leases, so at 10,000 leases
-spread over the 16,384 slots a tick sends some 7,500 small scripts in one
-pipeline, on one Redis as on a cluster.
+The leases (ttl 30 s, refresh interval 1 s) are acquired one at a time
+before the window (not measured) and handed to the process's heartbeat as
+``run_exclusive`` would. Over the window: scripts per tick (``EVALSHA`` calls
+counted by the masters' ``INFO commandstats``, divided by the heartbeat's
+``refresh_many`` calls), the heartbeat thread's CPU (from ``/proc``), the
+median tick, lost leases. On the cluster, refreshes go one script per hash
+slot and 500 leases: at 10,000 leases spread over the 16,384 slots, some
+7,300 small scripts a tick, one pipeline per master. One Redis takes any 500
+leases in one script: 20 a tick. It is measured that way, and again per slot
+(``single_per_slot``: as behind a proxy that hides a cluster, which refuses
+keys of two slots in one script).
+
+``--publish`` puts the run in docs/speed.md (its "Redis Cluster" table, between
+``<!-- cluster:begin -->`` and ``<!-- cluster:end -->``), refusing a run that
+began with a load average above 0.3 per core (as ``bench/publish.py``) unless
+``--loaded``, which says so under the table.
 """
 
 from __future__ import annotations
@@ -31,6 +39,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import django
 from django.conf import settings
+
+SPEED = Path(__file__).resolve().parent.parent / "docs" / "speed.md"
+BEGIN, END = "<!-- cluster:begin -->", "<!-- cluster:end -->"
+IDLE_PER_CORE = 0.3  # as bench/publish.py
+ROWS = {
+    "cluster": "Redis Cluster, 3 masters + 3 replicas",
+    "single_per_slot": "one Redis, per slot (as behind a cluster proxy)",
+    "single": "one Redis (one script per 500 leases)",
+}
 
 
 class CountingRedis:
@@ -61,7 +78,9 @@ def _evalsha_calls(nodes: list[Any]) -> int:
     )
 
 
-def measure(url: str, nodes: list[Any], leases: int, window: float) -> dict[str, Any]:
+def measure(
+    url: str, nodes: list[Any], leases: int, window: float, per_slot: bool = False
+) -> dict[str, Any]:
     from django_tasklock.backends.base import Holder
     from django_tasklock.backends.redis import RedisBackend
     from django_tasklock.heartbeat import heartbeat
@@ -69,6 +88,8 @@ def measure(url: str, nodes: list[Any], leases: int, window: float) -> dict[str,
     from django_tasklock.options import LockOptions
 
     backend = RedisBackend(url=url)
+    # As after a proxy's CROSSSLOT (see RedisBackend.refresh_many): per slot from then on.
+    backend._calls().per_slot = per_slot or backend._calls().cluster
     counting = CountingRedis(backend)
     options = LockOptions.resolve(ttl=30, refresh_interval=1)
     run = secrets.token_hex(3)
@@ -113,11 +134,57 @@ def measure(url: str, nodes: list[Any], leases: int, window: float) -> dict[str,
     }
 
 
+def section(results: dict[str, Any], load: float, cores: int, loaded: bool) -> str:
+    """The run as docs/speed.md shows it: who ran it, the table, what slots apart cost."""
+    busy = " (a busy machine: published with `--loaded`)" if loaded else ""
+    run = results["cluster"]
+    lines = [
+        f"One run ({run['leases']:,} leases, {run['ticks']} ticks measured on the cluster) on "
+        f"{cores} cores, load average {load:.2f} (1 min) before it{busy}:",
+        "",
+        "| storage | scripts per tick | median tick | heartbeat thread CPU | lost |",
+        "|---|---|---|---|---|",
+    ]
+    for name, label in ROWS.items():
+        run = results[name]
+        scripts = run["scripts_per_tick"]  # a tick cut by the window's edges: approximate
+        shown = f"about {round(scripts, -2):,.0f}" if scripts >= 1000 else f"{scripts:,.0f}"
+        tick = "-" if run["tick_ms_median"] is None else f"{run['tick_ms_median']:.0f} ms"
+        cpu = f"{run['thread_cpu_percent']:.0f} % of a core"
+        lines.append(f"| {label} | {shown} | {tick} | {cpu} | {run['lost']} |")
+    apart = results["single_per_slot"]["thread_cpu_percent"]
+    together = max(results["single"]["thread_cpu_percent"], 0.1)
+    lines += [
+        "",
+        f"On one Redis, keeping slots apart cost {apart / together:.1f} times the heartbeat "
+        "thread's CPU of one script per 500 leases in this run.",
+    ]
+    return "\n".join(lines)
+
+
+def publish(text: str) -> None:
+    page = SPEED.read_text()
+    head, begin, rest = page.partition(BEGIN)
+    _, end, tail = rest.partition(END)
+    if not begin or not end:
+        raise SystemExit(f"{SPEED} has no {BEGIN} ... {END}")
+    SPEED.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    print(f"published in {SPEED}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--leases", type=int, default=10_000)
     parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--publish", action="store_true", help="into docs/speed.md")
+    parser.add_argument("--loaded", action="store_true", help="publish a busy machine's run")
     args = parser.parse_args()
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if args.publish and load / cores > IDLE_PER_CORE and not args.loaded:
+        raise SystemExit(
+            f"load average {load:.2f} on {cores} cores: above {IDLE_PER_CORE} per core, "
+            "so not published (--loaded publishes it anyway, saying so)"
+        )
     settings.configure(USE_TZ=True, INSTALLED_APPS=["django_tasklock"])
     django.setup()
     from tests.cluster import PrivateCluster
@@ -138,10 +205,15 @@ def main() -> None:
 
         node = redis.Redis(port=single.port)
         results["single"] = measure(single.url, [node], args.leases, args.window)
+        results["single_per_slot"] = measure(
+            single.url, [node], args.leases, args.window, per_slot=True
+        )
         node.close()
     finally:
         single.stop()
     print(json.dumps(results, indent=2))
+    if args.publish:
+        publish(section(results, load, cores, load / cores > IDLE_PER_CORE))
 
 
 if __name__ == "__main__":

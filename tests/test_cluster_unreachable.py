@@ -99,3 +99,26 @@ def test_the_heartbeat_keeps_the_leases_of_the_masters_that_answer(
         redis_cluster.node(paused).execute_command("CLIENT", "UNPAUSE")
         for held in locks.values():
             held.release()
+
+
+def test_scripts_are_loaded_again_while_another_master_does_not_answer(
+    redis_cluster: PrivateCluster, key: str
+) -> None:
+    # A master that lost its scripts (a replica just promoted) answers
+    # NOSCRIPT; the scripts are loaded on every master that answers, and the
+    # call goes on, whatever another master does meanwhile. ``ALL``: ``SCRIPT
+    # LOAD`` waits too (a paused node takes no command, not even ``UNPAUSE``).
+    backend = RedisBackend(url=redis_cluster.url + "?socket_timeout=0.5")
+    client = backend._conn()
+    names = _one_key_per_master(client, key)
+    paused, flushed = list(names)[:2]
+    redis_cluster.node(flushed).script_flush()
+    token = new_token()
+    ttl = timedelta(seconds=60)
+    redis_cluster.node(paused).execute_command("CLIENT", "PAUSE", 2000, "ALL")
+    try:
+        assert backend.acquire(names[flushed], token, ttl=ttl, max_lifetime=ttl)
+    finally:
+        redis_cluster.node(paused).ping()  # answered once the pause is over
+    assert backend.release(names[flushed], token)
+    client.close()

@@ -179,6 +179,40 @@ def test_a_re_sent_acquisition_is_confirmed_only_once_its_first_write_is(
         assert master.get(storage_key(key)) is None
 
 
+def test_a_refusal_sends_no_wait(
+    backend: RedisBackend, master: Any, replica: PrivateRedis, key: str
+) -> None:
+    # A refused acquisition or fence wrote nothing: a WAIT after it would only
+    # wait, the whole timeout while a replica is down. A grant, even one sent
+    # again that finds its own lease, still waits (see the test above).
+    def waits() -> int:
+        return int(master.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+
+    token = new_token()
+    assert backend.acquire(key, token, ttl=LONG, max_lifetime=LONG)
+    before = waits()
+    with frozen(replica):
+        assert not backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LONG)  # held
+        assert backend.fence(key, new_token()) is None  # not the holder's
+    assert waits() == before
+    assert backend.acquire(key, token, ttl=LONG, max_lifetime=LONG)  # sent again: its own
+    assert waits() == before + 1
+    assert backend.release(key, token)
+
+
+def test_a_lease_that_ran_out_during_the_wait_is_not_said_released(
+    backend: RedisBackend, master: Any, replica: PrivateRedis, key: str
+) -> None:
+    # The WAIT (0.3 s) outlasts the lease (0.1 s): the release by its token
+    # finds nothing, so it released nothing, and the error must not say it did.
+    short = timedelta(milliseconds=100)
+    with frozen(replica), pytest.raises(ReplicationNotConfirmed) as raised:
+        backend.acquire(key, new_token(), ttl=short, max_lifetime=LONG)
+    assert not raised.value.released
+    assert "expires after its ttl" in str(raised.value)
+    assert master.get(storage_key(key)) is None
+
+
 def test_a_lost_wait_reply_is_an_error_and_the_key_is_freed(
     pair: tuple[PrivateRedis, PrivateRedis],
     master: Any,

@@ -115,19 +115,20 @@ def overlaps(intervals: list[Interval]) -> list[tuple[Interval, Interval]]:
 def race_cluster(
     url: str,
     keys: list[str],
-    attempts: int,
+    per_key: int,
     barrier: Barrier,
     results: Queue[dict[str, Any]],
 ) -> None:
-    """``attempts`` acquisitions on a Redis Cluster, of ``keys`` in turn from a random start.
+    """``per_key`` acquisitions of each of ``keys`` in turn, in step with the other processes.
 
-    Each interval is timed by the clock of the master holding that key's
-    lease (``TIME``); ``held`` maps each key to its intervals.
+    Every process takes the keys in the same order, and ``barrier`` starts
+    each key's turn in all of them at once, so that they fight over that
+    key. Each interval is timed by the clock of the master holding that
+    key's lease (``TIME``); ``held`` maps each key to its intervals,
+    ``refused`` each key to the acquisitions of it refused here.
     """
-    report: dict[str, Any] = {"pid": os.getpid(), "held": {}, "refused": 0, "errors": []}
+    report: dict[str, Any] = {"pid": os.getpid(), "held": {}, "refused": {}, "errors": []}
     try:
-        import random
-
         import django
         from django.conf import settings
 
@@ -143,25 +144,25 @@ def race_cluster(
         client: Any = client_from_url(url)
         nodes = {key: client.get_node_from_key(storage_key(key)).redis_connection for key in keys}
         held: dict[str, list[Interval]] = report["held"]
+        refused: dict[str, int] = report["refused"]
 
         def clock(key: str) -> float:
             seconds, micros = nodes[key].time()
             return float(seconds + micros / 1e6)
 
-        start = random.randrange(len(keys))
-        barrier.wait()
-        for attempt in range(attempts):
-            key = keys[(start + attempt) % len(keys)]
+        for key in keys:
+            barrier.wait(60)
 
             def work(key: str = key) -> None:
                 entry = clock(key)
                 held.setdefault(key, []).append((entry, clock(key)))
 
-            try:
-                if not service.run_exclusive(key, work, ttl=30).acquired:
-                    report["refused"] += 1
-            except Exception as exc:  # every error is reported, none hidden as "held"
-                report["errors"].append(f"{type(exc).__name__}: {exc}")
+            for _ in range(per_key):
+                try:
+                    if not service.run_exclusive(key, work, ttl=30).acquired:
+                        refused[key] = refused.get(key, 0) + 1
+                except Exception as exc:  # every error is reported, none hidden as "held"
+                    report["errors"].append(f"{type(exc).__name__}: {exc}")
     except BaseException:
         report["errors"].append(traceback.format_exc())
     results.put(report)

@@ -3,8 +3,8 @@
 Scripts are sent by SHA (``EVALSHA``). A server that does not know one
 (restarted, ``SCRIPT FLUSH``, a replica promoted in a failover, a master
 added to a cluster) answers ``NOSCRIPT``: every script is loaded again
-(``SCRIPT LOAD``, which a ``RedisCluster`` sends to every master) and the
-call is sent again. The same code serves ``redis.Redis`` and redis-py's
+(``SCRIPT LOAD``; on a cluster, on every master that answers) and the call
+is sent again. The same code serves ``redis.Redis`` and redis-py's
 ``RedisCluster``: every script's keys live in one hash slot (see ``slots``),
 and redis-py follows ``MOVED``, ``ASK`` and ``TRYAGAIN`` itself.
 """
@@ -43,9 +43,31 @@ class Scripts:
         self.lean = None if self.cluster else Lean.of(client)
 
     def load(self) -> None:
-        """``SCRIPT LOAD`` every script (on a cluster: on every master)."""
-        for body in self.bodies.values():
-            self.client.script_load(body)
+        """``SCRIPT LOAD`` every script; on a cluster, on every master that answers.
+
+        A master that cannot be reached (down, paused, in a failover) is
+        skipped: it meets ``NOSCRIPT`` and loads them when it answers again,
+        and the call that asked for the scripts, on a master that answered,
+        goes on. Only when no master answers is the error raised.
+        """
+        if not self.cluster:
+            for body in self.bodies.values():
+                self.client.script_load(body)
+            return
+        from redis.exceptions import ConnectionError, TimeoutError
+
+        masters = self.client.get_primaries()
+        errors: list[Exception] = []
+        for node in masters:
+            pipe = self.client.get_redis_connection(node).pipeline(transaction=False)
+            for body in self.bodies.values():
+                pipe.script_load(body)
+            try:
+                pipe.execute()
+            except (ConnectionError, TimeoutError) as error:
+                errors.append(error)
+        if len(errors) == len(masters) and errors:
+            raise errors[0]
 
     def run(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         from redis.exceptions import NoScriptError  # imported by the client already
@@ -87,16 +109,18 @@ class Scripts:
     ) -> list[Any]:
         """Every call pipelined (not a transaction); the replies in order.
 
-        With ``failed``, on a cluster a master that cannot be reached does not
-        fail the calls of the others: its calls' replies are None, and their
-        indexes are put in ``failed`` with the error.
+        With ``failed``, on a cluster a master that cannot be reached, or that
+        answers an error (``CLUSTERDOWN`` while it sees the cluster down, in a
+        failover), does not fail the calls of the others: the failed calls'
+        replies are None, and their indexes are put in ``failed`` with the error.
 
         On a ``RedisCluster``, one plain pipeline per master, by the slot
         layout the client knows (redis-py's cluster pipeline costs several
         times the CPU per command). A call met with ``NOSCRIPT``, ``MOVED``,
         ``ASK`` or ``TRYAGAIN`` (a slot moving, a failover) is sent again on
         its own through the client, which loads the scripts or follows the
-        slot (a ``refresh_many`` by :meth:`run_refreshes`); any other error is raised.
+        slot (a ``refresh_many`` by :meth:`run_refreshes`); any other error is
+        raised (with ``failed`` on a cluster: put there).
         """
         from redis.cluster import RedisCluster
         from redis.exceptions import (
@@ -104,6 +128,7 @@ class Scripts:
             ConnectionError,
             MovedError,
             NoScriptError,
+            RedisError,
             TimeoutError,
             TryAgainError,
         )
@@ -137,7 +162,9 @@ class Scripts:
                 if isinstance(answer, (NoScriptError, MovedError, AskError, TryAgainError)):
                     again.append(index)
                 elif isinstance(answer, Exception):
-                    raise answer
+                    if node is None or failed is None:
+                        raise answer
+                    failed[index] = answer  # this call only: the others were answered
                 else:
                     replies[index] = answer
         for index in again:
@@ -146,8 +173,9 @@ class Scripts:
                 replies[index] = (
                     self.run_refreshes(call) if call[0] == "refresh_many" else self.run(*call)
                 )
-            except (ConnectionError, TimeoutError) as error:
-                if failed is None:
+            except RedisError as error:
+                unreachable = isinstance(error, (ConnectionError, TimeoutError))
+                if failed is None or not (unreachable or self.cluster):
                     raise
                 failed[index] = error
         return replies

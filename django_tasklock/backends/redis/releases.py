@@ -33,8 +33,11 @@ def release_lease(scripts: Scripts, key: str, token: str, hold_ms: int) -> Relea
     except Exception as exc:
         from redis.exceptions import ClusterError, TryAgainError
 
-        # redis-py gives up on a TRYAGAIN that lasts with "TTL exhausted" (a ClusterError).
-        if not scripts.cluster or not isinstance(exc, (ClusterError, TryAgainError)):
+        # redis-py gives up on a TRYAGAIN that lasts with "TTL exhausted" (a bare
+        # ClusterError). Any other error (CLUSTERDOWN in a failover, a master
+        # gone) is raised: this release sent again later leaves its tombstone.
+        half_migrated = isinstance(exc, TryAgainError) or type(exc) is ClusterError
+        if not scripts.cluster or not half_migrated:
             raise
         reply = scripts.run("release_alone", [stored], [token, hold_ms])
         if int(reply) == 3 and text(scripts.client.get(tombstone) or b"") == token:

@@ -8,14 +8,19 @@ replicas confirmed in time is released by its token and fails with
 :class:`~django_tasklock.exceptions.ReplicationNotConfirmed`.
 
 ``WAIT`` counts the writes of the connection it is sent on, so it must follow
-the script on the same connection: both go in one pipeline, which is one
-connection. On a ``RedisCluster`` the pair goes in a plain pipeline on the
-connection of the node that owns the key (redis-py's cluster pipeline would
-follow a redirect on another connection, leaving the ``WAIT`` to count
-writes made elsewhere): a script answered ``MOVED`` or ``ASK`` (its slot
-moved, or is being migrated) is sent again with its ``WAIT`` to the node named,
-``ASKING`` first for an ``ASK``; ``TRYAGAIN`` is sent again after a pause.
-redis-py is imported only when a pipeline is sent.
+the script on the same connection: both are sent on one connection taken
+from the client's pool, the ``WAIT`` only once the script has granted. A
+refusal (the key held: reply 0; no fence: nil) wrote nothing, and its
+``WAIT`` would only have waited, the whole timeout while a replica is down,
+for nothing; a grant costs one round trip to the master more than a
+pipeline of the two would. An ``acquire`` sent again that finds its own
+lease answers 1 (and writes it again), so its ``WAIT`` is sent too.
+On a ``RedisCluster`` that connection is one of the node that owns the key
+(redis-py's cluster client would follow a redirect on another connection,
+leaving the ``WAIT`` to count writes made elsewhere): a script answered
+``MOVED`` or ``ASK`` (its slot moved, or is being migrated) is sent again to
+the node named, ``ASKING`` first for an ``ASK``; ``TRYAGAIN`` is sent again
+after a pause. redis-py is imported only when a script is sent.
 """
 
 from __future__ import annotations
@@ -97,9 +102,10 @@ def ack_from_settings() -> ReplicaAck | None:
 def send_and_wait(
     scripts: Scripts, name: str, keys: list[str], args: Sequence[Any], ack: ReplicaAck
 ) -> tuple[Any, int]:
-    """Run the script ``name`` on ``keys``, then ``WAIT`` on its connection.
+    """Run the script ``name`` on ``keys``, then, if it granted, ``WAIT`` on its connection.
 
-    Returns the script's reply and the number of replicas that confirmed.
+    Returns the script's reply and the number of replicas that confirmed (0
+    for a refusal, for which nothing was waited for).
 
     A script the server does not have (a restart, a failover) is loaded and
     sent again; on a cluster, so is one redirected (see the module's
@@ -119,15 +125,9 @@ def send_and_wait(
     node = client.get_node_from_key(keys[0]) if scripts.cluster else None
     asking = False
     for attempt in range(1, _ATTEMPTS + 1):
-        pipe = (client if node is None else client.get_redis_connection(node)).pipeline(
-            transaction=False
-        )
-        if asking:  # the slot is being migrated to this node: this once, it runs the script
-            pipe.execute_command("ASKING")
-        pipe.execute_command("EVALSHA", scripts.shas[name], len(keys), *keys, *args)
-        pipe.execute_command("WAIT", ack.count, ack.timeout_ms)
+        target = client if node is None else client.get_redis_connection(node)
         try:
-            *_, reply, acked = pipe.execute(raise_on_error=False)
+            reply, acked = _script_then_wait(target, asking, scripts.shas[name], keys, args, ack)
         except (ConnectionError, TimeoutError):
             if node is not None:  # a master gone: learn the layout again for the next call
                 client.nodes_manager.initialize()
@@ -145,11 +145,52 @@ def send_and_wait(
             if node is not None and isinstance(reply, TryAgainError):
                 time.sleep(_TRYAGAIN_PAUSE)  # the slot's keys split: the same node, ASKING again
                 continue
-        for answer in (reply, acked):
-            if isinstance(answer, Exception):
-                raise answer
-        return reply, int(acked)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply, acked
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _script_then_wait(
+    target: Any, asking: bool, sha: str, keys: list[str], args: Sequence[Any], ack: ReplicaAck
+) -> tuple[Any, int]:
+    """On one connection of ``target``'s pool: the script, then, if it granted, ``WAIT``.
+
+    Returns the script's reply (an error it answered, as the exception) and
+    the replicas that confirmed (0 when no ``WAIT`` was sent). A connection
+    that breaks has the whole pair sent again, as a pipeline would (by the
+    connection's retry policy: none for a client made from a URL), never the
+    ``WAIT`` alone on a connection that wrote nothing.
+    """
+    from redis.exceptions import ResponseError
+
+    pool = target.connection_pool
+    try:
+        conn = pool.get_connection()
+    except TypeError:  # redis-py before 5.3 asks for a command name
+        conn = pool.get_connection("EVALSHA")
+
+    def pair() -> tuple[Any, int]:
+        if asking:  # the slot is being migrated to this node: this once, it runs the script
+            conn.send_command("ASKING")
+            conn.read_response()
+        conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
+        try:
+            reply = conn.read_response()
+        except ResponseError as error:  # NOSCRIPT, a redirect, OOM: the caller judges
+            return error, 0
+        if not reply:  # refused (0), or no fence (nil): nothing written to wait for
+            return reply, 0
+        conn.send_command("WAIT", ack.count, ack.timeout_ms)
+        return reply, int(conn.read_response())
+
+    try:
+        return conn.retry.call_with_retry(pair, lambda _error: conn.disconnect())  # type: ignore[no-any-return]
+    except BaseException:
+        conn.disconnect()  # a reply may be left unread: never back to the pool as it is
+        raise
+    finally:
+        pool.release(conn)
 
 
 def _unknown(redirect: Exception) -> Any:
@@ -163,14 +204,14 @@ def unconfirmed(
     """Release a grant too few replicas confirmed (by its token); the error to raise.
 
     A release that fails (its reply lost, Redis gone) leaves the lease to
-    expire after its ``ttl``; the error says so. A release sent twice ends
-    nothing more: it is bound to the token.
+    expire after its ``ttl``, and one that finds it no longer there (it ran
+    out during the ``WAIT``) ended nothing: either way ``released`` is False
+    and the error says so. A release sent twice ends nothing more: it is
+    bound to the token.
     """
     try:
-        release()
+        released = bool(release())
     except Exception:
         logger.warning("Releasing the unconfirmed lease of %r failed.", key, exc_info=True)
         released = False
-    else:
-        released = True
     return ReplicationNotConfirmed(key, ack.count, confirmed, ack.timeout, released)
