@@ -160,11 +160,8 @@ class KillableCluster(PrivateCluster):
         """Until the cluster promoted ``replica`` and every node says ``cluster_state:ok``."""
 
         def promoted() -> bool:
-            if _role(self.node(replica))[0] != "master":
-                return False
-            return all(
-                self.node(p).cluster("info")["cluster_state"] == "ok" for p in self.processes
-            )
+            states = {self.node(p).cluster("info")["cluster_state"] for p in self.processes}
+            return _role(self.node(replica))[0] == "master" and states == {"ok"}
 
         _until(promoted, f"the cluster never promoted {replica}")
         self.masters_of[shard] = replica
