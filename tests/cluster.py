@@ -65,10 +65,14 @@ class PrivateCluster:
                  "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                  "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
                  "--repl-diskless-sync-delay", "0",
-                 "--dir", str(node_dir)],
+                 "--dir", str(node_dir), *self.node_options(port)],
                 stdout=log, stderr=log,
             )  # fmt: skip
         wait_for_port(port)
+
+    def node_options(self, port: int) -> list[str]:
+        """More ``redis-server`` options for the node on ``port``, after (and over) these."""
+        return []
 
     def start(self) -> None:
         for port in self.ports:
