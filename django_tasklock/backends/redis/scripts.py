@@ -106,11 +106,12 @@ return out
     # script run again after its reply was lost); 3 if it is gone otherwise
     # (expired, force-released, evicted: a loss).
     "release": """
-if redis.call('EXISTS', KEYS[1]) == 0 then
+local value = redis.pcall('GET', KEYS[1])  -- false: no such key (a read fewer than EXISTS)
+if value == false then
   if redis.call('GET', KEYS[2]) == ARGV[1] then return 2 end
   return 3
 end
-local token, at = parse(redis.pcall('GET', KEYS[1]))
+local token, at = parse(value)
 if token ~= ARGV[1] then return 0 end
 local hold = tonumber(ARGV[2])
 local keep = tonumber(ARGV[3])
@@ -131,8 +132,9 @@ return 1
     # and a release's tombstone never exists before it. 1 if ended, 0 if the
     # key is someone else's, 3 if it is gone.
     "release_alone": """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 3 end
-local token, at = parse(redis.pcall('GET', KEYS[1]))
+local value = redis.pcall('GET', KEYS[1])
+if value == false then return 3 end
+local token, at = parse(value)
 if token ~= ARGV[1] then return 0 end
 local hold = tonumber(ARGV[2])
 if hold > 0 then
