@@ -18,6 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from django_tasklock.backends.base import storage_key
 from django_tasklock.testing import BackendRecipe, ContractBackend
 from tests.servers import require_binary, wait_for_port
 
@@ -188,3 +189,14 @@ def cluster_contract_backend(cluster: PrivateCluster, namespace: str) -> Iterato
     for stored in written():
         client.delete(stored)
     client.close()
+
+
+def one_key_per_master(client: Any, key: str) -> dict[int, str]:
+    """A key (``key:<n>``) whose lease lives on each of three masters, by the master's port."""
+    found: dict[int, str] = {}
+    for i in range(1000):
+        name = f"{key}:{i}"
+        found.setdefault(client.get_node_from_key(storage_key(name)).port, name)
+        if len(found) == 3:
+            return found
+    raise AssertionError("three masters, but keys reach fewer")

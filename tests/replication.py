@@ -11,6 +11,7 @@ milliseconds.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import time
@@ -86,3 +87,22 @@ def closing() -> Iterator[Callable[[Closable], Closable]]:
     yield register
     for thing in opened:
         close(thing)
+
+
+@dataclasses.dataclass
+class Trial:
+    """One failover trial: the grants made around it and how many were granted twice."""
+
+    granted: int = 0
+    doubled: int = 0
+
+
+def summary(results: list[Trial]) -> str:
+    """One line for a run of trials, for the test's output."""
+    granted = sum(r.granted for r in results)
+    doubled = sum(r.doubled for r in results)
+    hit = sum(1 for r in results if r.doubled)
+    return (
+        f"{len(results)} trials, {granted} grants, {doubled} granted twice "
+        f"({doubled / max(granted, 1):.3%}), in {hit} trials"
+    )

@@ -28,7 +28,7 @@ from django_tasklock.backends.base import PartlyRefreshed, Refresh, Released, st
 from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.backends.redis.slots import key_slot
 from django_tasklock.service import new_token
-from tests.cluster import PrivateCluster
+from tests.cluster import PrivateCluster, one_key_per_master
 
 TTL = timedelta(seconds=60)
 
@@ -62,16 +62,6 @@ def sees_the_cluster_down(
         cluster.wait_until_ok()
 
 
-def _one_key_per_master(client: Any, key: str) -> dict[int, str]:
-    found: dict[int, str] = {}
-    for i in range(1000):
-        name = f"{key}:{i}"
-        found.setdefault(client.get_node_from_key(storage_key(name)).port, name)
-        if len(found) == 3:
-            return found
-    raise AssertionError("three masters, but keys reach fewer")
-
-
 def _clusterdown_replies(node: Any) -> int:
     return int(node.info("errorstats").get("errorstat_CLUSTERDOWN", {}).get("count", 0))
 
@@ -80,7 +70,7 @@ def test_a_master_answering_clusterdown_fails_only_its_own_leases_refreshes(
     redis_cluster: PrivateCluster, key: str
 ) -> None:
     backend = RedisBackend(url=redis_cluster.url)
-    names = _one_key_per_master(backend._conn(), key)
+    names = one_key_per_master(backend._conn(), key)
     items = {port: Refresh(name, new_token(), TTL, TTL) for port, name in names.items()}
     for item in items.values():
         assert backend.acquire(item.key, item.token, ttl=TTL, max_lifetime=TTL)

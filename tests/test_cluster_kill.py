@@ -30,7 +30,6 @@ import threading
 import time
 import uuid
 from contextlib import ExitStack
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -43,6 +42,7 @@ from django_tasklock.backends.redis.urls import TIMEOUT_S
 from django_tasklock.service import new_token
 from django_tasklock.testing.proxy import FaultProxy
 from tests.cluster import PrivateCluster
+from tests.replication import Trial, summary
 
 pytestmark = pytest.mark.slow
 
@@ -172,12 +172,6 @@ class KillableCluster(PrivateCluster):
             proxy.stop()
 
 
-@dataclass
-class Trial:
-    granted: int = 0
-    doubled: int = 0
-
-
 class Load:
     """``THREADS`` threads acquiring fresh keys of ``slots`` with one backend, until it fails."""
 
@@ -254,16 +248,6 @@ def trial(
     )
     cluster.start_node(master)  # it rejoins, the replica of its successor
     return with_ack, without
-
-
-def summary(results: list[Trial]) -> str:
-    granted = sum(r.granted for r in results)
-    doubled = sum(r.doubled for r in results)
-    hit = sum(1 for r in results if r.doubled)
-    return (
-        f"{len(results)} trials, {granted} grants, {doubled} granted twice "
-        f"({doubled / max(granted, 1):.3%}), in {hit} trials"
-    )
 
 
 @pytest.fixture(scope="module")

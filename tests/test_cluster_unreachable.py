@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from redis.cluster import ClusterNode, RedisCluster
 
-from django_tasklock.backends.base import PartlyRefreshed, Refresh, storage_key
+from django_tasklock.backends.base import PartlyRefreshed, Refresh
 from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.service import TaskLockService, new_token
-from tests.cluster import PrivateCluster
+from tests.cluster import PrivateCluster, one_key_per_master
 
 
 @pytest.fixture
@@ -32,17 +32,6 @@ def client(redis_cluster: PrivateCluster) -> Iterator[Any]:
     client.close()
 
 
-def _one_key_per_master(client: Any, key: str) -> dict[int, str]:
-    """A key whose lease lives on each master, by the master's port."""
-    found: dict[int, str] = {}
-    for i in range(1000):
-        name = f"{key}:{i}"
-        found.setdefault(client.get_node_from_key(storage_key(name)).port, name)
-        if len(found) == 3:
-            return found
-    raise AssertionError("three masters, but keys reach fewer")
-
-
 def _pause(cluster: PrivateCluster, port: int, seconds: float) -> None:
     cluster.node(port).execute_command("CLIENT", "PAUSE", int(seconds * 1000), "WRITE")
 
@@ -51,7 +40,7 @@ def test_a_master_that_does_not_answer_leaves_the_others_refreshed(
     redis_cluster: PrivateCluster, client: Any, key: str
 ) -> None:
     backend = RedisBackend(client=client)
-    names = _one_key_per_master(client, key)
+    names = one_key_per_master(client, key)
     ttl = timedelta(seconds=60)
     items = {port: Refresh(name, new_token(), ttl, ttl) for port, name in names.items()}
     for item in items.values():
@@ -82,7 +71,7 @@ def test_the_heartbeat_keeps_the_leases_of_the_masters_that_answer(
         return original(items)
 
     backend.refresh_many = counted  # type: ignore[method-assign]
-    names = _one_key_per_master(client, key)
+    names = one_key_per_master(client, key)
     paused = next(iter(names))
     # A ttl between two ticks: unanswered three times, a lease is past its deadline.
     locks = {port: service.lock(name, ttl=3.5, refresh_interval=1) for port, name in names.items()}
@@ -110,7 +99,7 @@ def test_scripts_are_loaded_again_while_another_master_does_not_answer(
     # LOAD`` waits too (a paused node takes no command, not even ``UNPAUSE``).
     backend = RedisBackend(url=redis_cluster.url + "?socket_timeout=0.5")
     client = backend._conn()
-    names = _one_key_per_master(client, key)
+    names = one_key_per_master(client, key)
     paused, flushed = list(names)[:2]
     redis_cluster.node(flushed).script_flush()
     token = new_token()

@@ -25,7 +25,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -35,7 +34,7 @@ import redis
 from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.service import new_token
 from django_tasklock.testing.proxy import FaultProxy
-from tests.replication import MASTER_OPTIONS, close, wait_until_in_sync
+from tests.replication import MASTER_OPTIONS, Trial, close, summary, wait_until_in_sync
 from tests.servers import PrivateRedis, PrivateSentinel, private_redis, private_sentinel
 
 pytestmark = pytest.mark.slow
@@ -45,12 +44,6 @@ TRIALS = 100
 TRIALS_WITHOUT = 30
 THREADS = 4
 LEASE = timedelta(seconds=60)
-
-
-@dataclass
-class Trial:
-    granted: int = 0
-    doubled: int = 0
 
 
 @contextmanager
@@ -111,16 +104,6 @@ def trial(min_replicas: int, rng: random.Random) -> Trial:
 def run_trials(min_replicas: int, trials: int, seed: int) -> list[Trial]:
     rng = random.Random(seed)
     return [trial(min_replicas, rng) for _ in range(trials)]
-
-
-def summary(results: list[Trial]) -> str:
-    granted = sum(r.granted for r in results)
-    doubled = sum(r.doubled for r in results)
-    hit = sum(1 for r in results if r.doubled)
-    return (
-        f"{len(results)} trials, {granted} grants, {doubled} granted twice "
-        f"({doubled / granted:.3%}), in {hit} trials"
-    )
 
 
 def test_with_replica_acknowledgement_no_lease_is_granted_twice() -> None:
