@@ -196,8 +196,115 @@ def test_a_response_callback_for_evalsha_is_left_to_the_client(url: str) -> None
 
     client = redis.Redis.from_url(url)
     client.set_response_callback("EVALSHA", lambda reply, **options: reply)
-    assert Lean.of(client) is None
+    lean = Lean.of(client)
+    assert lean is not None
+    assert not lean.usable()  # looked at on every call: one registered later counts too
 
 
 def test_only_a_redis_client_is_sent_lean() -> None:
     assert Lean.of(object()) is None  # a RedisCluster is no redis.Redis either
+
+
+def test_a_client_instrumented_on_its_own_later_sees_every_call(
+    url: str, key: str, telemetry: Telemetry
+) -> None:
+    # RedisInstrumentor.instrument_client() wraps execute_command on the client
+    # object, not its class: before, the lean call went on past it, and the
+    # lock's storage calls made no span.
+    from opentelemetry.instrumentation.redis import RedisInstrumentor
+
+    backend = RedisBackend(url=url)
+    service = TaskLockService(backend)
+    try:
+        with service.lock(key, name="before"):
+            pass
+        client = backend._conn()
+        lean = backend._calls().lean
+        assert lean is not None
+        RedisInstrumentor.instrument_client(client, tracer_provider=telemetry.tracer_provider)
+        try:
+            assert not lean.usable()
+            with service.lock(key, name="instrumented"):
+                pass
+        finally:
+            RedisInstrumentor.uninstrument_client(client)
+        spans = {
+            dict(span.attributes or {})["tasklock.name"]: span
+            for span in telemetry.finished("tasklock.acquire")
+        }
+        below = children(telemetry, spans["instrumented"])
+        assert below
+        assert all((s.attributes or {}).get("db.system") == "redis" for s in below)
+    finally:
+        backend.close()
+
+
+def test_a_response_callback_registered_later_is_honoured(url: str, key: str) -> None:
+    backend = RedisBackend(url=url)
+    seen: list[Any] = []
+
+    def callback(reply: Any, **options: Any) -> Any:
+        seen.append(reply)
+        return reply
+
+    try:
+        token = new_token()
+        assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        backend._conn().set_response_callback("EVALSHA", callback)
+        assert backend.release(key, token)
+        assert seen == [1]  # the release's reply went through the client's callback
+    finally:
+        backend.close()
+
+
+def test_clients_that_override_a_skipped_step_use_evalsha(url: str) -> None:
+    import redis
+    from redis.connection import Connection
+
+    class Parsing(redis.Redis):
+        def parse_response(self, connection: Any, command_name: Any, **options: Any) -> Any:
+            return super().parse_response(connection, command_name, **options)  # type: ignore[no-untyped-call]
+
+    class Packing(Connection):
+        def pack_command(self, *args: Any) -> Any:
+            return super().pack_command(*args)  # type: ignore[no-untyped-call]
+
+    def patched(self: Any, *args: Any, **options: Any) -> Any:  # no functools.wraps
+        return original(self, *args, **options)  # type: ignore[no-untyped-call]
+
+    assert Lean.of(Parsing.from_url(url)) is None
+    assert Lean.of(redis.Redis.from_url(url, connection_class=Packing)) is None
+    original = redis.Redis.execute_command
+    redis.Redis.execute_command = patched  # type: ignore[method-assign]
+    try:
+        assert Lean.of(redis.Redis.from_url(url)) is None
+    finally:
+        redis.Redis.execute_command = original  # type: ignore[method-assign]
+    assert Lean.of(redis.Redis.from_url(url)) is not None
+
+
+def test_an_interrupted_call_never_goes_back_to_the_pool_with_its_reply_unread(
+    url: str, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A KeyboardInterrupt once the command is sent cannot be caused on cue: the
+    # connection's read raising it stands in for it.
+    backend = RedisBackend(url=url)
+    try:
+        lean = backend._calls().lean
+        assert lean is not None
+        pool = lean.client.connection_pool
+        conn = pool.get_connection()
+        pool.release(conn)
+
+        def interrupted(*args: Any, **kwargs: Any) -> Any:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(conn, "read_response", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
+        monkeypatch.undo()
+        assert conn._sock is None  # disconnected: the next use connects afresh
+        assert backend.peek(key) is not None  # the server acted; the lease expires by itself
+        backend.force_release(key)
+    finally:
+        backend.close()

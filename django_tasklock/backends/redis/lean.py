@@ -13,11 +13,15 @@ by hand retries a timed-out command, and still does here).
 
 It stands aside, and the client's ``evalsha`` is used, wherever it could not
 speak for the client exactly: a cluster; a redis-py older than 5.3; a client
-class that overrides ``execute_command``, or an instrumentation wrapping it
-(OpenTelemetry's redis instrumentation: its spans stay), looked at on every
-call; redis-py's own observability turned on, likewise; a single-connection
-client, client-side caching, a response callback for ``EVALSHA``, or an
-encoding other than strict UTF-8.
+class or connection class that overrides any step of the path it skips
+(``execute_command`` down to ``parse_response``; ``send_command``,
+``pack_command``); an ``execute_command`` wrapped, on the class or on the
+client (OpenTelemetry's ``RedisInstrumentor().instrument()`` and
+``instrument_client()``: their spans stay); a response callback for
+``EVALSHA``; redis-py's own observability turned on; a single-connection
+client, client-side caching, or an encoding other than strict UTF-8. What
+can change while the client is in use (a wrapper, a callback, the
+observability) is looked at on every call.
 """
 
 from __future__ import annotations
@@ -43,6 +47,27 @@ def _observing() -> Callable[[], bool]:
     except ImportError:  # redis-py without it
         return lambda: False
     return lambda: get_observability_instance().get_provider_manager() is not None
+
+
+#: The client's steps from ``execute_command`` to the reply, which the lean call skips.
+_SKIPPED_CLIENT = (
+    "execute_command",
+    "_execute_command",
+    "_send_command_parse_response",
+    "parse_response",
+)
+#: The connection's packing, which the lean call does itself.
+_SKIPPED_CONN = ("send_command", "pack_command")
+
+
+def _own(cls: type, name: str, module: str) -> bool:
+    """Whether ``cls.name`` is redis-py's own (from ``module``), not overridden nor wrapped."""
+    method = getattr(cls, name, None)
+    return (
+        method is not None
+        and not hasattr(method, "__wrapped__")
+        and getattr(method, "__module__", "").startswith(module)
+    )
 
 
 def _arg(value: Any) -> bytes:
@@ -72,15 +97,14 @@ class Lean:
 
         if not isinstance(client, redis.Redis) or _version(redis.__version__) < _MIN_REDIS:
             return None
-        plain = redis.Redis.__dict__.get("execute_command")
-        if plain is None or hasattr(plain, "__wrapped__"):  # instrumented already
-            return None
+        plain = type(client).execute_command
         pool = client.connection_pool
         options = pool.connection_kwargs
         if (
-            getattr(client, "connection", None) is not None  # single_connection_client
+            not all(_own(type(client), name, "redis.client") for name in _SKIPPED_CLIENT)
+            or not all(_own(pool.connection_class, name, "redis.") for name in _SKIPPED_CONN)
+            or getattr(client, "connection", None) is not None  # single_connection_client
             or getattr(pool, "cache", None) is not None  # client-side caching
-            or "EVALSHA" in client.response_callbacks
             or str(options.get("encoding", "utf-8")).lower() not in ("utf-8", "utf8")
             or options.get("encoding_errors", "strict") != "strict"
         ):
@@ -88,8 +112,15 @@ class Lean:
         return cls(client, plain)
 
     def usable(self) -> bool:
-        """Not since instrumented, nor redis-py's observability turned on: looked at per call."""
-        return type(self.client).execute_command is self._execute_command and not self._observing()
+        """Nothing since wraps ``execute_command`` (on the class or the client), no
+        ``EVALSHA`` callback, redis-py's observability off: looked at on every call."""
+        client = self.client
+        return (
+            type(client).execute_command is self._execute_command
+            and "execute_command" not in client.__dict__
+            and "EVALSHA" not in client.response_callbacks
+            and not self._observing()
+        )
 
     def evalsha(self, sha: bytes, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """``EVALSHA sha len(keys) *keys *args``: the reply or error ``evalsha`` would give."""
@@ -124,8 +155,14 @@ class Lean:
 
     @staticmethod
     def _exchange(conn: Any, packed: list[bytes]) -> Any:
-        conn.send_packed_command(packed)
-        return conn.read_response()
+        try:
+            conn.send_packed_command(packed)
+            return conn.read_response()
+        except BaseException:
+            # Interrupted once sent, before the reply was read (a KeyboardInterrupt): the
+            # reply may still come; never back to the pool with it unread.
+            conn.disconnect()
+            raise
 
     def _head(self, sha: bytes, keys: int, args: int) -> bytes:
         numkeys = b"%d" % keys
