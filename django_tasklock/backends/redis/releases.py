@@ -34,8 +34,10 @@ def release_lease(scripts: Scripts, key: str, token: str, hold_ms: int) -> Relea
         from redis.exceptions import ClusterError, TryAgainError
 
         # redis-py gives up on a TRYAGAIN that lasts with "TTL exhausted" (a bare
-        # ClusterError). Any other error (CLUSTERDOWN in a failover, a master
-        # gone) is raised: this release sent again later leaves its tombstone.
+        # ClusterError; it says the same after too many MOVED or ASK redirects,
+        # which the one-key script also serves). Any other error (CLUSTERDOWN in
+        # a failover, a master gone) is raised: sent again later, this release
+        # leaves its tombstone.
         half_migrated = isinstance(exc, TryAgainError) or type(exc) is ClusterError
         if not scripts.cluster or not half_migrated:
             raise
