@@ -11,6 +11,7 @@ and redis-py follows ``MOVED``, ``ASK`` and ``TRYAGAIN`` itself.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -74,17 +75,14 @@ class Scripts:
 
         lean = self.lean
         if lean is not None and lean.usable():
-            sha = self._sha_bytes[name]
-            try:
-                return lean.evalsha(sha, keys, args)
-            except NoScriptError:
-                self.load()
-                return lean.evalsha(sha, keys, args)
+            send = functools.partial(lean.evalsha, self._sha_bytes[name], keys, args)
+        else:
+            send = functools.partial(self.client.evalsha, self.shas[name], len(keys), *keys, *args)
         try:
-            return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+            return send()
         except NoScriptError:
             self.load()
-            return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+            return send()
 
     def run_refreshes(self, call: Call) -> Any:
         """A ``refresh_many`` call, sent on its own; on a cluster that keeps refusing it
