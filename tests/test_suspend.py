@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from django_tasklock import lease as lease_module
+from django_tasklock import ticks
 from django_tasklock.backends.base import Refresh
 from django_tasklock.heartbeat import heartbeat
 from django_tasklock.reasons import EXPIRED
@@ -54,7 +55,15 @@ class SuspendableClock:
 
 @pytest.fixture
 def boottime(monkeypatch: pytest.MonkeyPatch) -> SuspendableClock:
-    """The lease clock, everywhere the package reads it, made suspendable."""
+    """The lease clock, everywhere the package reads it, made suspendable.
+
+    The heartbeat's recent ticks are put back afterwards (patched first, so
+    restored last): ticks timed by the suspended clock look a minute long and
+    end a minute ahead of the real one, so each would report this process's
+    heartbeat behind (W012) for a minute of the tests that follow.
+    """
+    monkeypatch.setattr(ticks, "_last", ticks._last)
+    monkeypatch.setattr(ticks, "_recent", ticks._recent)
     fake = SuspendableClock()
     for name, module in list(sys.modules.items()):
         if name.startswith("django_tasklock") and getattr(module, "clock", None) is fake.real:
