@@ -10,6 +10,7 @@ import pytest
 from django.conf import settings
 from django.db import connections
 
+from django_tasklock import ticks
 from django_tasklock.backends import reset_backend
 from django_tasklock.backends.base import caller_key, storage_key
 from django_tasklock.backends.database import DatabaseBackend
@@ -227,6 +228,21 @@ def _fresh_backend() -> Iterator[None]:
     reset_backend()
     yield
     reset_backend()
+
+
+@pytest.fixture
+def no_ticks() -> Iterator[None]:
+    """This process's heartbeat ticks (what W012 judges), from none, put back after.
+
+    An earlier test's slow tick (a stalled storage, a suspended clock) still counts
+    for two of its intervals, and would otherwise be this test's finding.
+    """
+    saved = ticks._last, ticks._recent
+    ticks._last, ticks._recent = None, ()
+    try:
+        yield
+    finally:
+        ticks._last, ticks._recent = saved
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -36,7 +35,7 @@ def test_a_finished_slow_tick_counts_until_two_intervals_after_it_ended() -> Non
     assert not quick.behind(now=101.5)
 
 
-def test_the_heartbeat_notes_its_ticks(noted: None, key: str) -> None:
+def test_the_heartbeat_notes_its_ticks(no_ticks: None, key: str) -> None:
     taken = clock()
     with TaskLockService(MemoryBackend()).lock(key, ttl=2, refresh_interval=0.1):
         deadline = time.monotonic() + 10
@@ -61,21 +60,8 @@ def test_the_heartbeat_notes_its_ticks(noted: None, key: str) -> None:
     assert health.heartbeat_findings() == []  # a quick tick
 
 
-@pytest.fixture
-def noted() -> Iterator[None]:
-    """The ticks a test notes, by hand or by the heartbeat, from none: an earlier
-    test's slow tick (a stalled storage, a suspended clock) still counts for two of
-    its intervals, and would be this test's finding. Put back after it."""
-    saved = ticks._last, ticks._recent
-    ticks._last, ticks._recent = None, ()
-    try:
-        yield
-    finally:
-        ticks._last, ticks._recent = saved
-
-
 @pytest.mark.filterwarnings("ignore:.*use of fork.. may lead to deadlocks:DeprecationWarning")
-def test_a_forked_child_does_not_inherit_a_tick_under_way(noted: None) -> None:
+def test_a_forked_child_does_not_inherit_a_tick_under_way(no_ticks: None) -> None:
     ticks._last = ticks.Tick(started=0.0, refresh_interval=1.0, leases=1)
     ticks._recent = (ticks._last,)
     read, write = os.pipe()
@@ -91,7 +77,7 @@ def test_a_forked_child_does_not_inherit_a_tick_under_way(noted: None) -> None:
     assert answer == b"none"
 
 
-def test_heartbeat_finding_describes_the_tick(noted: None) -> None:
+def test_heartbeat_finding_describes_the_tick(no_ticks: None) -> None:
     ticks._last = ticks.Tick(started=clock() - 5, refresh_interval=1.0, leases=1)
     ticks._recent = (ticks._last,)
     [finding] = health.heartbeat_findings()
@@ -105,7 +91,7 @@ def test_heartbeat_finding_describes_the_tick(noted: None) -> None:
 
 
 def test_a_slow_tick_counts_whatever_quick_ticks_follow(
-    noted: None, monkeypatch: pytest.MonkeyPatch
+    no_ticks: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A slow tick, then the quick ones the heartbeat runs at once after it (of another
     backend, and of its own, whose leases are overdue): behind until two of the slow
