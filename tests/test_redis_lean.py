@@ -132,6 +132,16 @@ def test_a_client_without_retries_raises_the_lost_reply(
         backend.close()
 
 
+def _below(telemetry: Telemetry, name: str) -> list[Any]:
+    """The spans whose parent is the ``tasklock.acquire`` span named ``name``."""
+    [span] = [
+        span
+        for span in telemetry.finished("tasklock.acquire")
+        if (span.attributes or {}).get("tasklock.name") == name
+    ]
+    return list(children(telemetry, span))
+
+
 def test_an_instrumentation_added_later_sees_every_call(
     url: str, key: str, telemetry: Telemetry
 ) -> None:
@@ -154,14 +164,10 @@ def test_an_instrumentation_added_later_sees_every_call(
         finally:
             instrumentor.uninstrument()
         assert lean.usable()
-        spans = {
-            dict(span.attributes or {})["tasklock.name"]: span
-            for span in telemetry.finished("tasklock.acquire")
-        }
-        below = children(telemetry, spans["instrumented"])
+        below = _below(telemetry, "instrumented")
         assert below
         assert all((s.attributes or {}).get("db.system") == "redis" for s in below)
-        assert children(telemetry, spans["before"]) == []
+        assert _below(telemetry, "before") == []
     finally:
         backend.close()
 
@@ -228,11 +234,7 @@ def test_a_client_instrumented_on_its_own_later_sees_every_call(
                 pass
         finally:
             RedisInstrumentor.uninstrument_client(client)
-        spans = {
-            dict(span.attributes or {})["tasklock.name"]: span
-            for span in telemetry.finished("tasklock.acquire")
-        }
-        below = children(telemetry, spans["instrumented"])
+        below = _below(telemetry, "instrumented")
         assert below
         assert all((s.attributes or {}).get("db.system") == "redis" for s in below)
     finally:
