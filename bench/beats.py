@@ -47,9 +47,9 @@ class CountingBackend(DatabaseBackend):
 
 def _lease_class() -> Any:
     try:
-        from django_tasklock.heartbeat import Lease
+        from django_tasklock.leases.heartbeat import Lease
     except ImportError:  # pragma: no cover - the class may live in a module of its own
-        from django_tasklock.lease import Lease  # type: ignore[no-redef]
+        from django_tasklock.leases.lease import Lease  # type: ignore[no-redef]
     return Lease
 
 
@@ -58,9 +58,9 @@ def hold_many(backend: DatabaseBackend, count: int, ttl: float, interval: float)
     from django.db.models.functions import Now
 
     from django_tasklock.backends.base import Holder, storage_key
-    from django_tasklock.heartbeat import heartbeat
+    from django_tasklock.leases.heartbeat import heartbeat
+    from django_tasklock.locking.options import LockOptions
     from django_tasklock.models import CacheEntry
-    from django_tasklock.options import LockOptions
 
     options = LockOptions.resolve(ttl=ttl, refresh_interval=interval)
     host = f"bench:{os.getpid()}:"
@@ -73,7 +73,7 @@ def hold_many(backend: DatabaseBackend, count: int, ttl: float, interval: float)
         for k, t in tokens.items()
     ]
     try:  # the heartbeat's own clock (one that counts suspend, where there is one)
-        from django_tasklock.heartbeat import clock
+        from django_tasklock.leases.heartbeat import clock
     except ImportError:  # pragma: no cover - older versions
         clock = time.monotonic
     asked_at = clock()
@@ -89,7 +89,7 @@ def hold_many(backend: DatabaseBackend, count: int, ttl: float, interval: float)
 
 
 def let_go(backend: DatabaseBackend, leases: list[Any]) -> None:
-    from django_tasklock.heartbeat import heartbeat
+    from django_tasklock.leases.heartbeat import heartbeat
     from django_tasklock.models import CacheEntry
 
     for lease in leases:
@@ -117,7 +117,7 @@ def heartbeat_load(
     alias: str, count: int, *, window: float, interval: float = 1.0
 ) -> dict[str, Any]:
     """Hold ``count`` leases (ttl 30 s) for ``window`` seconds; what the heartbeat did."""
-    from django_tasklock.heartbeat import heartbeat
+    from django_tasklock.leases.heartbeat import heartbeat
 
     backend = CountingBackend(alias)
     leases = hold_many(backend, count, ttl=30, interval=interval)
@@ -158,7 +158,7 @@ def release_latency(alias: str, interval: float, cycles: int, background: int) -
     heartbeat busy; beside it, the same token DELETE sent raw (one round trip)."""
     from django.db import connections
 
-    from django_tasklock.service import TaskLockService
+    from django_tasklock.api.service import TaskLockService
 
     backend = DatabaseBackend(using=alias)
     service = TaskLockService(backend)

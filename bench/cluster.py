@@ -2,8 +2,8 @@
 
     python bench/cluster.py [--leases 10000] [--window 10] [--publish [--loaded]]
 
-Starts its own servers on free loopback ports (``tests/cluster.py``: 3
-masters + 3 replicas; ``tests/servers.py``: one ``redis-server``), so it needs
+Starts its own servers on free loopback ports (``tests/support/cluster.py``: 3
+masters + 3 replicas; ``tests/support/servers.py``: one ``redis-server``), so it needs
 the ``test`` extra and the Debian ``redis-server``; nothing shared is touched.
 The leases (ttl 30 s, refresh interval 1 s) are acquired one at a time
 before the window (not measured) and handed to the process's heartbeat as
@@ -83,9 +83,9 @@ def measure(
 ) -> dict[str, Any]:
     from django_tasklock.backends.base import Holder
     from django_tasklock.backends.redis import RedisBackend
-    from django_tasklock.heartbeat import heartbeat
-    from django_tasklock.lease import Lease, clock
-    from django_tasklock.options import LockOptions
+    from django_tasklock.leases.heartbeat import heartbeat
+    from django_tasklock.leases.lease import Lease, clock
+    from django_tasklock.locking.options import LockOptions
 
     backend = RedisBackend(url=url)
     # As after a proxy's CROSSSLOT (see RedisBackend.refresh_many): per slot from then on.
@@ -187,8 +187,8 @@ def main() -> None:
         )
     settings.configure(USE_TZ=True, INSTALLED_APPS=["django_tasklock"])
     django.setup()
-    from tests.cluster import PrivateCluster
-    from tests.servers import PrivateRedis
+    from tests.support.cluster import PrivateCluster
+    from tests.support.servers import PrivateRedis
 
     results: dict[str, Any] = {}
     cluster = PrivateCluster()

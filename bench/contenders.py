@@ -58,7 +58,7 @@ def _noop() -> None:
 
 
 def ours(group: str, backend: Any) -> Contender:
-    from django_tasklock.service import TaskLockService
+    from django_tasklock.api.service import TaskLockService
 
     service = TaskLockService(backend)
     key = f"{RUN}{group}-ours"

@@ -71,9 +71,9 @@ def cost(up: Servers, seconds: float, repeat: int) -> dict[str, Any]:
     import timing
     from contenders import ours
 
-    from django_tasklock import observe
     from django_tasklock.backends.database import DatabaseBackend
     from django_tasklock.backends.memory import MemoryBackend
+    from django_tasklock.leases import observe
 
     observers = _observers()
     if isinstance(observers, str):

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 from django_tasklock import reasons
+from django_tasklock.api.decorators import exclusive
+from django_tasklock.api.leadership import Leadership
+from django_tasklock.api.service import (
+    LockResult,
+    TaskLockService,
+    arun_exclusive,
+    lock,
+    run_exclusive,
+)
+from django_tasklock.api.sigterm import release_on_sigterm
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
-from django_tasklock.decorators import exclusive
 from django_tasklock.exceptions import (
     AlreadyEnqueued,
     LockLost,
@@ -13,17 +22,9 @@ from django_tasklock.exceptions import (
     SyncLockInAsyncContext,
     TaskLockError,
 )
-from django_tasklock.leadership import Leadership
-from django_tasklock.lock import Lock
-from django_tasklock.loss import checkpoint, current_lock
-from django_tasklock.options import LockKwargs
-from django_tasklock.service import (
-    LockResult,
-    TaskLockService,
-    arun_exclusive,
-    lock,
-    run_exclusive,
-)
+from django_tasklock.locking.lock import Lock, current_lock
+from django_tasklock.locking.loss import checkpoint
+from django_tasklock.locking.options import LockKwargs
 from django_tasklock.signals import (
     lock_acquired,
     lock_lost,
@@ -58,5 +59,6 @@ __all__ = [
     "lock_skipped",
     "lock_stalled",
     "reasons",
+    "release_on_sigterm",
     "run_exclusive",
 ]

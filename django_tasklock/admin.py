@@ -34,11 +34,11 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.text import capfirst
 
-from django_tasklock import display
+from django_tasklock.api.service import TaskLockService
 from django_tasklock.backends.base import HeldLock, storage_key
+from django_tasklock.locking.options import validate_key
 from django_tasklock.models import CacheEntry
-from django_tasklock.options import validate_key
-from django_tasklock.service import TaskLockService
+from django_tasklock.ops import display
 
 logger = logging.getLogger("django_tasklock")
 
@@ -53,6 +53,7 @@ def _row(lock: HeldLock) -> dict[str, Any]:
         "key": lock.key,
         "host": lock.holder.host,
         "pid": lock.holder.pid,
+        "gone": display.gone(lock),
         # Without " UTC" (the headers say it), so that every column fits 1280 px.
         "acquired_at": display.when(lock.acquired_at, zone=False),
         "expires_at": display.when(lock.expires_at, zone=False),
@@ -88,17 +89,18 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return request.user.has_perm(FORCE_RELEASE_PERMISSION)
 
     def breadcrumbs(self, *pages: tuple[str, str | None]) -> dict[str, Any]:
-        """Context for the breadcrumbs include: Home, the app, then ``pages``."""
+        """Context for the breadcrumbs include: Home, the app, then ``pages``.
+
+        The app's crumb is left out when it says what the first page says
+        ("Task locks"): "Home > Task locks > Task locks" reads as a mistake.
+        """
         app = self.opts.app_config
         assert app is not None
-        crumbs = [
-            ("Home", reverse(f"{self.admin_site.name}:index")),
-            (
-                app.verbose_name,
-                reverse(f"{self.admin_site.name}:app_list", kwargs={"app_label": app.label}),
-            ),
-            *pages,
-        ]
+        crumbs: list[tuple[str, str | None]] = [("Home", reverse(f"{self.admin_site.name}:index"))]
+        if str(app.verbose_name) != pages[0][0]:
+            url = reverse(f"{self.admin_site.name}:app_list", kwargs={"app_label": app.label})
+            crumbs.append((str(app.verbose_name), url))
+        crumbs += pages
         return {"crumbs": crumbs, "breadcrumbs_as_list": BREADCRUMBS_AS_LIST}
 
     def get_urls(self) -> list[URLPattern]:
@@ -131,7 +133,7 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "title": "Task locks",
             "subtitle": None,
             "opts": self.opts,
-            "backend": None if error else type(backend).__qualname__,
+            "storage": None if error else display.storage(backend),
             "locks": [_row(lock) for lock in locks],
             "total": total,
             "query": query,

@@ -33,8 +33,8 @@ def _observe() -> None:
     Imported only then: without the setting, nothing imports ``opentelemetry``.
     With it and without the ``otel`` extra, ``MissingFramework`` names the extra.
     """
-    from django_tasklock import observe
     from django_tasklock.conf import conf
+    from django_tasklock.leases import observe
 
     if conf.OPENTELEMETRY:
         from django_tasklock.contrib import otel
@@ -53,6 +53,7 @@ class TaskLockConfig(AppConfig):
         from django_tasklock.checks import (
             check_health_setting,
             check_lock_health,
+            check_lock_storage,
             check_tasklock_settings,
         )
         from django_tasklock.contrib.checks import check_integrations
@@ -62,6 +63,7 @@ class TaskLockConfig(AppConfig):
         checks.register(check_health_setting, "tasklock")
         # Reads the storage: only with --deploy (``check --deploy --tag tasklock``).
         checks.register(check_lock_health, "tasklock", deploy=True)
+        checks.register(check_lock_storage, "tasklock", deploy=True)
 
         setting_changed.connect(_forget_backend, dispatch_uid="django_tasklock.reset")
         _observe()

@@ -12,8 +12,6 @@ import math
 import reprlib
 from datetime import timedelta
 
-from django_tasklock.backends.base import STALE_AFTER
-
 Duration = int | float | timedelta
 
 #: The shortest duration accepted: anything shorter would round to zero
@@ -22,7 +20,7 @@ MIN_DURATION = timedelta(milliseconds=1)
 #: The longest duration accepted. No lease outlives ``max_lifetime`` (at most
 #: 24 h), so a longer ttl or interval would mean nothing, and every storage
 #: can represent "now + 24 h".
-MAX_DURATION = STALE_AFTER
+MAX_DURATION = timedelta(hours=24)
 
 
 def to_timedelta(name: str, value: object) -> timedelta:

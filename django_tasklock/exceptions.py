@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from django.core.exceptions import SynchronousOnlyOperation
 
 if TYPE_CHECKING:
-    from django_tasklock.backends.base import HeldLock
+    from django_tasklock.holders import HeldLock
 
 
 class TaskLockError(Exception):

@@ -47,3 +47,28 @@ class FenceCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.value}"
+
+
+class ForcedRelease(models.Model):
+    """A lease an operator ended by force, named by its token's digest, kept for 24 h.
+
+    A holder whose release was sent again on a new connection (the first
+    connection died with it under way) and finds its row gone cannot tell from
+    ``cache_entries`` whether its own first sending deleted the row or an
+    operator did: the database keeps no trace of a DELETE. A force release
+    writes this row in the transaction that deletes the lease, so the holder
+    asks here (see ``backends.database.releases``). Rows older than 24 h (the
+    longest a lease can live) are deleted by the next force release.
+    """
+
+    #: The SHA-256 of the lease's token, in hex: never the token itself.
+    lease = models.CharField(max_length=64, primary_key=True)
+    released_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        db_table = "tasklock_forced_releases"
+        verbose_name = "forced release"
+        verbose_name_plural = "forced releases"
+
+    def __str__(self) -> str:
+        return self.lease

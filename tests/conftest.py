@@ -10,14 +10,14 @@ import pytest
 from django.conf import settings
 from django.db import connections
 
-from django_tasklock import ticks
 from django_tasklock.backends import reset_backend
 from django_tasklock.backends.base import caller_key, storage_key
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.database.connections import add_thread_connection
 from django_tasklock.backends.database.functions import UtcNow
+from django_tasklock.leases import ticks
 from django_tasklock.testing import BackendRecipe, ContractBackend, faketime_worker_clock
-from tests import services
+from tests.support import services
 
 #: Every database alias the suite runs against.
 DATABASE_ALIASES = [
@@ -195,8 +195,8 @@ def any_backend(request: pytest.FixtureRequest, key: str) -> Iterator[ContractBa
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[Any]:
-    """A private Redis Cluster (3 masters, 3 replicas) for the whole run (tests/cluster.py)."""
-    from tests.cluster import PrivateCluster
+    """A private Redis Cluster (3 masters, 3 replicas) for the whole run (support/cluster.py)."""
+    from tests.support.cluster import PrivateCluster
 
     cluster = PrivateCluster()
     try:
@@ -209,7 +209,7 @@ def redis_cluster() -> Iterator[Any]:
 @pytest.fixture
 def cluster_backend(redis_cluster: Any, key: str) -> Iterator[ContractBackend]:
     """The Redis backend on the private cluster, by a ``redis+cluster://`` URL."""
-    from tests.cluster import cluster_contract_backend
+    from tests.support.cluster import cluster_contract_backend
 
     yield from cluster_contract_backend(redis_cluster, key)
 
@@ -232,17 +232,18 @@ def _fresh_backend() -> Iterator[None]:
 
 @pytest.fixture
 def no_ticks() -> Iterator[None]:
-    """This process's heartbeat ticks (what W012 judges), from none, put back after.
+    """This process's heartbeat ticks and failed refreshes (what W012 and W014
+    judge), from none, put back after.
 
     An earlier test's slow tick (a stalled storage, a suspended clock) still counts
     for two of its intervals, and would otherwise be this test's finding.
     """
-    saved = ticks._last, ticks._recent
-    ticks._last, ticks._recent = None, ()
+    saved = ticks._last, ticks._recent, ticks._unreachable
+    ticks._last, ticks._recent, ticks._unreachable = None, (), {}
     try:
         yield
     finally:
-        ticks._last, ticks._recent = saved
+        ticks._last, ticks._recent, ticks._unreachable = saved
 
 
 @pytest.fixture

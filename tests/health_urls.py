@@ -1,4 +1,4 @@
-"""A django-health-check view with the task locks' check (tests/test_health_check_plugin.py)."""
+"""A django-health-check view with the task locks' check (ops/test_health_check_plugin.py)."""
 
 from __future__ import annotations
 

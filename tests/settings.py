@@ -5,7 +5,8 @@ import tempfile
 import uuid
 from typing import Any
 
-from tests import jobs, services
+from tests import jobs
+from tests.support import services
 
 SECRET_KEY = "django-tasklock-tests"
 USE_TZ = True
@@ -66,7 +67,7 @@ TASKLOCK_BACKEND = "database"
 # for the logged-in page ran out in a CI run).
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
-# Huey (tests/test_huey.py): the queue the test enqueues on, its own on the shared
+# Huey (tests/frameworks/test_huey.py): the queue the test enqueues on, its own on the shared
 # Redis server; the run_huey consumers are told its name. Nothing connects until then.
 HUEY = {
     "name": f"tasklock-tests-{os.getpid()}-{uuid.uuid4().hex[:8]}",
@@ -75,11 +76,11 @@ HUEY = {
     "results": True,
 }
 
-# django-rq's @job (docs/rq.md's example, run by tests/test_readme.py) reads its
-# queues from here; tests/test_rq.py's workers use queues of their own.
+# django-rq's @job (docs/rq.md's example, run by tests/docs/test_readme.py) reads its
+# queues from here; tests/frameworks/test_rq.py's workers use queues of their own.
 RQ_QUEUES = {"default": {"URL": REDIS_URL or "redis://127.0.0.1:6379/15"}}
 
-# The admin page of held locks (tests/test_admin.py, tests/test_admin_browser.py).
+# The admin page of held locks (tests/ops/test_admin.py, tests/ops/test_admin_browser.py).
 ROOT_URLCONF = "tests.urls"
 STATIC_URL = "/static/"
 MIDDLEWARE = [

@@ -21,13 +21,20 @@ import dataclasses
 import enum
 import hashlib
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, ClassVar, NamedTuple
+
+from django_tasklock.durations import MAX_DURATION
+
+# Re-exported: the records are part of the backend contract (peek, list).
+from django_tasklock.holders import UNKNOWN_HOLDER as UNKNOWN_HOLDER
+from django_tasklock.holders import HeldLock as HeldLock
+from django_tasklock.holders import Holder as Holder
 
 KEY_PREFIX = "task-lock:"
 #: A row whose holder acquired it longer ago than this is abandoned, whatever
 #: its ``expires_at``. Equal to the largest allowed ``max_lifetime``.
-STALE_AFTER = timedelta(hours=24)
+STALE_AFTER = MAX_DURATION
 
 
 def storage_key(key: str) -> str:
@@ -47,54 +54,6 @@ def lease_id(token: str) -> str:
     by this name, so that a key that changed hands meanwhile is not released.
     """
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-
-
-# Longer than any pid an operating system gives (Linux: at most 2**22).
-_PID_DIGITS = 10
-
-
-@dataclasses.dataclass(frozen=True)
-class Holder:
-    """Who holds a lease: the host and pid named in its token (never the secret)."""
-
-    host: str
-    pid: int | None
-
-    @classmethod
-    def from_token(cls, token: str) -> Holder:
-        """Parse ``host:pid:secret``; anything else is the unknown holder ``?:?``.
-
-        A value the lock did not write (another tool's row, a damaged one)
-        must never break a listing: the pid counts only as ASCII digits of a
-        sane length (``str.isdigit()`` also accepts ``"²"``, which ``int()``
-        rejects, and ``int()`` refuses thousands of digits).
-        """
-        rest, _, secret = token.rpartition(":")
-        host, _, pid = rest.rpartition(":")
-        if not (host and secret and pid.isascii() and pid.isdigit() and len(pid) <= _PID_DIGITS):
-            return UNKNOWN_HOLDER
-        return cls(host=host, pid=int(pid))
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.pid if self.pid is not None else '?'}"
-
-
-#: Who holds a lease whose value the lock did not write.
-UNKNOWN_HOLDER = Holder(host="?", pid=None)
-
-
-@dataclasses.dataclass(frozen=True)
-class HeldLock:
-    """A live lease as seen by :meth:`BaseBackend.peek` and :meth:`BaseBackend.list`."""
-
-    key: str  #: the caller's key, without the ``task-lock:`` prefix
-    holder: Holder
-    acquired_at: datetime  #: aware, UTC, by the storage's clock
-    expires_at: datetime  #: aware, UTC, by the storage's clock
-    seconds_left: float  #: by the storage's clock at the time of reading
-    #: this lease's name (:func:`lease_id` of its token): another holder's lease
-    #: of the same key has another
-    lease: str = ""
 
 
 class Refresh(NamedTuple):
@@ -135,6 +94,8 @@ class Released(enum.Enum):
     #: before (ran out, force-released), or this very release, sent before,
     #: ended it and its reply was lost. The storage cannot tell which; the
     #: caller, who knows whether the lease could have run out, decides.
+    #: Also a storage that knows this very release ended the lease (Redis:
+    #: its tombstone) answers so, whoever holds the key now.
     GONE = "gone"
 
 
@@ -144,10 +105,17 @@ class Capabilities:
 
     ``cross_process``: two processes (or machines) exclude each other.
     ``server_clock``: expiry is judged by a clock shared by every worker.
+    ``dead_holders``: a lease whose holder is provably gone
+    (:func:`~django_tasklock.processes.holder_gone`) is taken over at once by
+    :meth:`BaseBackend.acquire`, and ended by
+    :meth:`BaseBackend.reap_dead_holders`, each bound to that holder's token
+    (see both). Without it (this default), such a lease ends by its ttl, as
+    any other.
     """
 
     cross_process: bool = True
     server_clock: bool = True
+    dead_holders: bool = False
 
 
 class BaseBackend(abc.ABC):
@@ -180,6 +148,14 @@ class BaseBackend(abc.ABC):
         has expired, or whose holder acquired it more than 24 h ago, is taken
         over. ``max_lifetime`` is recorded or enforced so that no later
         :meth:`refresh` extends the lease past acquisition + ``max_lifetime``.
+
+        With the capability ``dead_holders``, a live lease whose holder is
+        provably gone (``holder_gone(Holder.from_token(its_token)) is True``,
+        looked at only once the key is found held) is taken over too, in one
+        conditional step bound to that token: replaced only if that token
+        still holds the key, so that of two processes doing so at once one
+        wins and the other finds the winner's lease. Never a lease cut by a
+        ``min_hold`` release: it is meant to outlive its holder.
         """
 
     @abc.abstractmethod
@@ -228,9 +204,11 @@ class BaseBackend(abc.ABC):
         although the first ended it. A backend that can be sent a release
         twice answers :attr:`Released.GONE` when it finds no lease of
         ``token`` and the key nobody else's, so that the holder is not told
-        of a loss that did not happen; one that knows the release was sent
-        once only may answer :attr:`Released.LOST` then. This default, for
-        backends written before it, is :meth:`release` (False: ``LOST``).
+        of a loss that did not happen (and may, when it knows that this very
+        release ended the lease, whoever holds the key now); one that knows
+        the release was sent once only may answer :attr:`Released.LOST`
+        then. This default, for backends written before it, is
+        :meth:`release` (False: ``LOST``).
         """
         if min_hold is None:
             released = self.release(key, token)
@@ -279,6 +257,35 @@ class BaseBackend(abc.ABC):
         successor's. A backend that cannot do this leaves this method as is.
         """
         raise NotImplementedError(f"{type(self).__name__} does not give fencing tokens")
+
+    def reap_dead_holders(self) -> Sequence[HeldLock]:
+        """End the live leases of this machine whose holders are provably gone; return them.
+
+        The heartbeat of every process that holds a lease calls it every
+        ``REAP_INTERVAL`` (see ``django_tasklock.leases.reaping``), so that a
+        key a dead process held frees even when the next taker runs on
+        another machine, which cannot prove the death. A lease is ended only
+        if :func:`~django_tasklock.processes.holder_gone` says True of its
+        holder (who ran on this machine), by a deletion bound to its token (a
+        successor's lease is never ended), and never a lease a ``min_hold``
+        release cut. This default, for backends without the capability
+        ``dead_holders``, ends nothing: their leases end by their ttl.
+        """
+        return []
+
+    def storage_time(self) -> float | None:
+        """The storage's clock now, in seconds since the epoch, as one reading; or None.
+
+        The clock by which the storage ends leases (the database server's,
+        Redis's ``TIME``). The heartbeat reads it once per tick and compares
+        two readings with the time that passed between them on this process's
+        clock: a storage clock that stepped forward ends every lease early by
+        the step, and the holders' local deadlines are brought forward to
+        match (see the protocol page of the docs). None (this default) where
+        the storage has no clock apart from this process's, or cannot be read
+        cheaply: then no such check is made.
+        """
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Let go of connections the calling thread holds (called by idle threads)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 
 from django_tasklock.backends.base import (
@@ -19,6 +19,7 @@ from django_tasklock.backends.base import (
     lease_id,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
+from django_tasklock.processes import holder_gone
 
 
 @dataclasses.dataclass
@@ -26,6 +27,7 @@ class _Lease:
     token: str
     acquired: float  # by the backend's clock, in seconds
     expires: float
+    released: bool = False  # cut by a min_hold release: no refresh extends it
 
 
 class MemoryBackend(BaseBackend):
@@ -38,7 +40,7 @@ class MemoryBackend(BaseBackend):
     as gone: it cannot be refreshed, released (returns False) or seen.
     """
 
-    capabilities = Capabilities(cross_process=False, server_clock=False)
+    capabilities = Capabilities(cross_process=False, server_clock=False, dead_holders=True)
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -51,6 +53,11 @@ class MemoryBackend(BaseBackend):
         return lease if lease is not None and not self._is_free(lease, now) else None
 
     @staticmethod
+    def _dead(lease: _Lease) -> bool:
+        """Whether ``lease``'s holder is provably gone and nothing keeps the key held."""
+        return not lease.released and holder_gone(Holder.from_token(lease.token)) is True
+
+    @staticmethod
     def _is_free(lease: _Lease, now: float) -> bool:
         return lease.expires <= now or now - lease.acquired > STALE_AFTER.total_seconds()
 
@@ -58,13 +65,15 @@ class MemoryBackend(BaseBackend):
         """Take ``key`` unless a live lease holds it; expired or 24 h old ones are taken over.
 
         A live lease of ``token`` itself answers True (the acquisition sent again).
+        A live lease whose holder is provably gone (``holder_gone``) is taken
+        over, unless its release cut it to end at ``min_hold``.
 
         The first lease lasts ``min(ttl, max_lifetime)``, so even it respects the cap.
         """
         with self._lock:
             now = self._clock()
             live = self._live(key, now)
-            if live is not None:
+            if live is not None and (live.token == token or not self._dead(live)):
                 return live.token == token
             lease_seconds = min(ttl, max_lifetime).total_seconds()
             self._leases[key] = _Lease(token=token, acquired=now, expires=now + lease_seconds)
@@ -78,7 +87,7 @@ class MemoryBackend(BaseBackend):
         with self._lock:
             now = self._clock()
             lease = self._live(key, now)
-            if lease is None or lease.token != token:
+            if lease is None or lease.token != token or lease.released:
                 return False
             expires = min(now + ttl.total_seconds(), lease.acquired + max_lifetime.total_seconds())
             if expires > now:
@@ -97,10 +106,13 @@ class MemoryBackend(BaseBackend):
             if lease is None or lease.token != token:
                 return False
             live = not self._is_free(lease, now)
+            if live and lease.released:
+                return True  # the same release, sent again
             if live and min_hold is not None:
                 hold_until = lease.acquired + min_hold.total_seconds()
                 if hold_until > now:
                     lease.expires = hold_until
+                    lease.released = True
                     return True
             del self._leases[key]
             return live
@@ -109,7 +121,7 @@ class MemoryBackend(BaseBackend):
         """The key's next fencing token while ``token`` holds its live lease."""
         with self._lock:
             lease = self._live(key, self._clock())
-            if lease is None or lease.token != token:
+            if lease is None or lease.token != token or lease.released:
                 return None
             self._fences[key] = self._fences.get(key, 0) + 1
             return self._fences[key]
@@ -139,6 +151,19 @@ class MemoryBackend(BaseBackend):
                 for key, lease in sorted(self._leases.items())
                 if not self._is_free(lease, now)
             ]
+
+    def reap_dead_holders(self) -> Sequence[HeldLock]:
+        """End every live lease whose holder is provably gone (not one cut for ``min_hold``)."""
+        with self._lock:
+            now = self._clock()
+            dead = [
+                (key, lease)
+                for key, lease in sorted(self._leases.items())
+                if not self._is_free(lease, now) and self._dead(lease)
+            ]
+            for key, _ in dead:
+                del self._leases[key]
+            return [self._held(key, lease, now) for key, lease in dead]
 
     def clear_stale(self, *, dry_run: bool = False) -> int:
         """Delete expired and 24 h old leases; return how many (or would be, with ``dry_run``)."""

@@ -30,33 +30,41 @@ class Integration:
     extra: str | None = None  # django-tasklock's extra that installs it; None: there is none
     also: tuple[str, ...] = ()  # other modules that provide the framework as well
     note: str = ""  # said after the distribution's name, in parentheses
+    #: The versions the extra asks for (pyproject.toml), e.g. ">=2.5".
+    versions: str = ""
 
     @property
     def install(self) -> str:
-        """The command that installs it."""
-        if self.extra is None:
+        """The command that installs it, as it works when pasted: the framework's own
+        package from PyPI (django-tasklock itself is installed from a clone, and its
+        extra only adds this package)."""
+        if not self.versions:
             return f"pip install {self.distribution}"
-        return f"pip install 'django-tasklock[{self.extra}]'"
+        return f"pip install '{self.distribution}{self.versions}'"
 
 
 #: ``django_tasklock.contrib.<name>`` -> what it needs. Static, so that the check can
 #: tell what is missing without importing the integration (which would fail).
 INTEGRATIONS: dict[str, Integration] = {
-    "apscheduler": Integration("apscheduler", "APScheduler", "apscheduler"),
-    "celery": Integration("celery", "celery", "celery"),
+    "apscheduler": Integration("apscheduler", "APScheduler", "apscheduler", versions=">=3.10,<4"),
+    "celery": Integration("celery", "celery", "celery", versions=">=5.3"),
     "celery.database": Integration("django_celery_beat", "django-celery-beat"),
-    "django_cron": Integration("django_cron", "django-cron-django5", "django-cron"),
+    "django_cron": Integration(
+        "django_cron", "django-cron-django5", "django-cron", versions=">=0.6.3"
+    ),
     "django_tasks": Integration(
         "django.tasks",
         "django-tasks",
         also=("django_tasks",),
         note="the backport of django.tasks, which Django has from 6.0",
     ),
-    "dramatiq": Integration("dramatiq", "dramatiq", "dramatiq"),
-    "health_check": Integration("health_check", "django-health-check", "health-check"),
-    "huey": Integration("huey", "huey", "huey"),
-    "otel": Integration("opentelemetry", "opentelemetry-api", "otel"),
-    "rq": Integration("rq", "rq", "rq"),
+    "dramatiq": Integration("dramatiq", "dramatiq", "dramatiq", versions=">=1.17"),
+    "health_check": Integration(
+        "health_check", "django-health-check", "health-check", versions=">=4.0"
+    ),
+    "huey": Integration("huey", "huey", "huey", versions=">=2.5"),
+    "otel": Integration("opentelemetry", "opentelemetry-api", "otel", versions=">=1.30"),
+    "rq": Integration("rq", "rq", "rq", versions=">=2.0"),
 }
 
 #: Names a package re-exports from an integration of its own (``__getattr__``):

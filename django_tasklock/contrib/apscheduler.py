@@ -1,7 +1,7 @@
 """APScheduler 3.x: one active scheduler among many (:class:`LeaderExecutor`).
 
 Wrap a scheduler's executors in :class:`LeaderExecutor`, sharing one
-:class:`~django_tasklock.leadership.Leadership`: every scheduler process keeps
+:class:`~django_tasklock.api.leadership.Leadership`: every scheduler process keeps
 computing its jobs' run times, but only the leader's executor runs them, and
 only runs due from the instant its term began (the previous leader ran those
 due before). See docs/scheduler-leader.md.
@@ -18,7 +18,7 @@ require("apscheduler")
 
 from apscheduler.executors.base import BaseExecutor  # noqa: E402
 
-from django_tasklock.leadership import Leadership  # noqa: E402
+from django_tasklock.api.leadership import Leadership  # noqa: E402
 
 __all__ = ["LeaderExecutor"]
 
@@ -28,7 +28,7 @@ class LeaderExecutor(BaseExecutor):  # type: ignore[misc]
 
     ``BackgroundScheduler(executors={"default": LeaderExecutor(ThreadPoolExecutor(),
     "nightly-scheduler")})``. ``leadership`` is a key (then ``options`` are
-    :class:`~django_tasklock.leadership.Leadership`'s: ``ttl``, ``retry_interval``...)
+    :class:`~django_tasklock.api.leadership.Leadership`'s: ``ttl``, ``retry_interval``...)
     or a ``Leadership`` to share between several executors of one scheduler.
     The leadership is taken (in its own thread) when the scheduler starts the
     executor and let go at its shutdown.

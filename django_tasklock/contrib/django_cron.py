@@ -22,11 +22,11 @@ from typing import Any  # noqa: E402
 
 from django_cron.backends.lock.base import DjangoCronJobLock  # noqa: E402
 
-from django_tasklock import loss  # noqa: E402
-from django_tasklock.lock import Lock  # noqa: E402
-from django_tasklock.options import check_lock_kwargs  # noqa: E402
-from django_tasklock.service import lock  # noqa: E402
-from django_tasklock.skipped import report_skipped  # noqa: E402
+from django_tasklock.api.service import lock  # noqa: E402
+from django_tasklock.api.skipped import report_skipped  # noqa: E402
+from django_tasklock.locking import loss  # noqa: E402
+from django_tasklock.locking.lock import Lock  # noqa: E402
+from django_tasklock.locking.options import check_lock_kwargs  # noqa: E402
 
 __all__ = ["TaskLock"]
 

@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 
+from django_tasklock.api.unique import claim, run_claimed, unclaim
 from django_tasklock.contrib import require
 from django_tasklock.durations import Duration, to_timedelta
-from django_tasklock.keys import KeyBuilder, KeySpec
-from django_tasklock.unique import claim, run_claimed, unclaim
+from django_tasklock.locking.keys import KeyBuilder, KeySpec
 
 require("django_tasks")  # django.tasks (Django >= 6.0), or the django-tasks backport
 

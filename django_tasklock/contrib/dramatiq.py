@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
+from django_tasklock.api.decorators import exclusive
 from django_tasklock.contrib import require
-from django_tasklock.decorators import exclusive
 
 require("dramatiq")
 

@@ -1,7 +1,7 @@
 """A django-health-check check: task locks held too long, heartbeats behind.
 
-Install the extra (``pip install 'django-tasklock[health-check]'``:
-django-health-check 4, which needs Django 5.2 or later) and name the check in
+Install django-health-check 4 (``pip install 'django-health-check>=4.0'``, what the
+``health-check`` extra installs; it needs Django 5.2 or later) and name the check in
 the view's ``checks``::
 
     path("ht/", HealthCheckView.as_view(checks=[
@@ -9,12 +9,13 @@ the view's ``checks``::
         "django_tasklock.contrib.health_check.TaskLocks",
     ]))
 
-It reports what :mod:`django_tasklock.health` finds: this process's
+It reports what :mod:`django_tasklock.ops.health` finds: this process's
 heartbeat, and (when ``TASKLOCK_HEALTH`` names patterns) each listed lease of
 the backend ``TASKLOCK_BACKEND`` chooses. A finding is a ``ServiceWarning``; a
-storage that cannot be read, or an invalid ``TASKLOCK_HEALTH``, is
-``ServiceUnavailable``. Messages name the ``TASKLOCK_HEALTH`` pattern, not the
-key (health pages are often public), unless ``show_keys=True``.
+storage that cannot be read, one whose refreshes by this process's heartbeat
+fail, or an invalid ``TASKLOCK_HEALTH``, is ``ServiceUnavailable``. Messages
+name the ``TASKLOCK_HEALTH`` pattern, not the key (health pages are often
+public), unless ``show_keys=True``.
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ try:
 except ImportError as exc:  # django-health-check 3: another plugin API
     raise MissingFramework(
         "django_tasklock.contrib.health_check needs django-health-check 4 or later (which "
-        "needs Django 5.2 or later): pip install 'django-tasklock[health-check]'",
+        "needs Django 5.2 or later): pip install 'django-health-check>=4.0'",
         name="health_check",
     ) from exc
 
-from django_tasklock import health  # noqa: E402 - after the framework is known to be there
-from django_tasklock.service import TaskLockService  # noqa: E402
+from django_tasklock.api.service import TaskLockService  # noqa: E402
+from django_tasklock.ops import health  # noqa: E402 - after the framework is known to be there
 
 #: Findings named in one message; the rest are counted.
 SHOWN = 5
@@ -54,6 +55,9 @@ class TaskLocks(HealthCheck):  # type: ignore[misc] # django-health-check is unt
     async def run(self) -> None:
         # On a thread of its own: the database backend's connection is closed after.
         found = await sync_to_async(_look, thread_sensitive=False)()
+        down = [f for f in found if f.kind == health.STORAGE_UNREACHABLE]
+        if down:  # this process's locks cannot be kept: not merely a warning
+            raise ServiceUnavailable(down[0].describe())
         if found:
             lines = list(dict.fromkeys(f.describe(key=self.show_keys) for f in found))
             more = len(lines) - SHOWN

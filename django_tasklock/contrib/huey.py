@@ -24,18 +24,18 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast  # noqa: E402
 from huey.api import TaskWrapper  # noqa: E402
 from huey.exceptions import TaskLockedException  # noqa: E402
 
-from django_tasklock.decorators import ON_LOST, OnLost, exclusive  # noqa: E402
+from django_tasklock.api.decorators import ON_LOST, OnLost, exclusive  # noqa: E402
+from django_tasklock.api.service import TaskLockService  # noqa: E402
+from django_tasklock.api.skipped import report_skipped  # noqa: E402
 from django_tasklock.durations import Duration  # noqa: E402
 from django_tasklock.exceptions import LockNotAcquired  # noqa: E402
-from django_tasklock.lock import Lock  # noqa: E402
-from django_tasklock.options import check_lock_kwargs, validate_key  # noqa: E402
-from django_tasklock.service import TaskLockService  # noqa: E402
-from django_tasklock.skipped import report_skipped  # noqa: E402
+from django_tasklock.locking.lock import Lock  # noqa: E402
+from django_tasklock.locking.options import check_lock_kwargs, validate_key  # noqa: E402
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from django_tasklock.options import LockKwargs
+    from django_tasklock.locking.options import LockKwargs
 
 __all__ = ["TaskLock", "TaskLockedException", "lock_task"]
 

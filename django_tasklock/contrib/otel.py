@@ -26,25 +26,24 @@ from typing import TYPE_CHECKING  # noqa: E402
 from opentelemetry import context, metrics, trace  # noqa: E402
 from opentelemetry.trace import SpanKind, Status, StatusCode  # noqa: E402
 
-from django_tasklock import observe  # noqa: E402
 from django_tasklock.contrib.otel_conventions import (  # noqa: E402
     METRICS,
     SCOPE,
     SECONDS,
     backend_name,
 )
-from django_tasklock.lease import clock  # noqa: E402
+from django_tasklock.leases import observe  # noqa: E402
+from django_tasklock.leases.lease import clock  # noqa: E402
 
 if TYPE_CHECKING:
     from opentelemetry.util.types import Attributes
 
     from django_tasklock.backends.base import BaseBackend
-    from django_tasklock.lease import Lease
-    from django_tasklock.lock import Lock
+    from django_tasklock.leases.lease import Lease
 
 
 class Telemetry:
-    """The observer (see ``django_tasklock.observe``) that turns lock steps into spans
+    """The observer (see ``django_tasklock.leases.observe``) that turns lock steps into spans
     and metrics, through the given providers or OpenTelemetry's global ones."""
 
     def __init__(
@@ -95,7 +94,7 @@ class Telemetry:
         return not self._idle
 
     @staticmethod
-    def attributes(lock: Lock, backend: BaseBackend) -> dict[str, str]:
+    def attributes(lock: observe.ObservedLock, backend: BaseBackend) -> dict[str, str]:
         """``tasklock.name`` (when the lock has one) and ``tasklock.backend``."""
         found = {"tasklock.backend": backend_name(backend)}
         if lock.name is not None:
@@ -104,7 +103,7 @@ class Telemetry:
 
     # -- the observer ------------------------------------------------------------
 
-    def acquiring(self, lock: Lock, backend: BaseBackend) -> observe.Acquisition:
+    def acquiring(self, lock: observe.ObservedLock, backend: BaseBackend) -> observe.Acquisition:
         if not self.live():
             return _IDLE
         return _Acquisition(self, lock, self.attributes(lock, backend))
@@ -114,7 +113,7 @@ class Telemetry:
         if hold is not None:
             hold.end()
 
-    def skipped(self, lock: Lock) -> None:
+    def skipped(self, lock: observe.ObservedLock) -> None:
         if self.live():
             self.skips.add(1, self.attributes(lock, lock.backend))
 
@@ -137,7 +136,7 @@ class Telemetry:
                 self.beat_duration.record(clock() - started, found)
                 self.beat_leases.record(refreshed, found)
 
-    def held(self, lock: Lock, found: dict[str, str]) -> None:
+    def held(self, lock: observe.ObservedLock, found: dict[str, str]) -> None:
         """The grant: a hold starts, ended by :meth:`released` (or never, in a forked child)."""
         lease = lock._lease
         assert lease is not None
@@ -147,7 +146,9 @@ class Telemetry:
 
 
 class _Acquisition:
-    def __init__(self, telemetry: Telemetry, lock: Lock, found: dict[str, str]) -> None:
+    def __init__(
+        self, telemetry: Telemetry, lock: observe.ObservedLock, found: dict[str, str]
+    ) -> None:
         self.telemetry = telemetry
         self.lock = lock
         self.found = found

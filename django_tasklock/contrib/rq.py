@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from asgiref.sync import iscoroutinefunction
 
-from django_tasklock.callables import validate_callable
+from django_tasklock.api.decorators import Decorator, OnLost
+from django_tasklock.api.decorators import exclusive as core_exclusive
+from django_tasklock.api.service import TaskLockService
 from django_tasklock.contrib import require
-from django_tasklock.decorators import Decorator, OnLost
-from django_tasklock.decorators import exclusive as core_exclusive
-from django_tasklock.keys import KeyBuilder, KeySpec
-from django_tasklock.options import LockKwargs
-from django_tasklock.service import TaskLockService
+from django_tasklock.locking.callables import validate_callable
+from django_tasklock.locking.keys import KeyBuilder, KeySpec
+from django_tasklock.locking.options import LockKwargs
 
 require("rq")
 

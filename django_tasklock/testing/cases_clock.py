@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 
+from django_tasklock.api.service import new_token
 from django_tasklock.backends.base import BaseBackend
-from django_tasklock.service import new_token
 from django_tasklock.testing.support import LIFE, LONG, SLACK, ContractBackend, require
 
 #: Far more than any lease in the case, so a worker judging by its own clock
@@ -65,3 +65,23 @@ class ClockCases:
             assert behind.acquire(key + "-short", new_token(), ttl=LONG, max_lifetime=LIFE)
         for stored in (key, key + "-short", key + "-ahead"):
             backend.force_release(stored)
+
+    def test_storage_time_is_the_clock_that_ends_leases(
+        self, contract_backend: ContractBackend, backend: BaseBackend, key: str
+    ) -> None:
+        """``storage_time()``, when given, reads the clock by which leases end: a lease of
+        ``ttl`` ends ``ttl`` after the reading taken as it was granted, by that clock."""
+        first = backend.storage_time()
+        if first is None:
+            pytest.skip(f"{contract_backend.name}: storage_time() gives no clock (no clock check)")
+        token = new_token()
+        assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        held = backend.peek(key)
+        second = backend.storage_time()
+        assert held is not None
+        assert second is not None
+        # The grant was dated between the two readings, by the same clock.
+        acquired = held.acquired_at.timestamp()
+        assert first - SLACK <= acquired <= second + SLACK
+        assert second - first <= 60  # seconds, not milliseconds
+        backend.release(key, token)

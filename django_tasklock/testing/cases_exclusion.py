@@ -13,8 +13,8 @@ import threading
 import time
 from datetime import timedelta
 
+from django_tasklock.api.service import TaskLockService, new_token
 from django_tasklock.backends.base import BaseBackend
-from django_tasklock.service import TaskLockService, new_token
 from django_tasklock.testing.support import (
     LIFE,
     ContractBackend,

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from django_tasklock.api.service import TaskLockService, new_token
 from django_tasklock.backends.base import BaseBackend
-from django_tasklock.service import TaskLockService, new_token
 from django_tasklock.testing.faults import FaultyBackend
 from django_tasklock.testing.support import (
     LIFE,

@@ -15,9 +15,9 @@ from multiprocessing.process import BaseProcess
 
 import pytest
 
+from django_tasklock.api.service import TaskLockService
 from django_tasklock.backends.base import BaseBackend, storage_key
-from django_tasklock.lease import new_token
-from django_tasklock.service import TaskLockService
+from django_tasklock.leases.lease import new_token
 from django_tasklock.testing.support import (
     LIFE,
     LONG,

@@ -14,8 +14,8 @@ from datetime import timedelta
 
 import pytest
 
+from django_tasklock.api.service import TaskLockService, new_token
 from django_tasklock.backends.base import BaseBackend, HeldLock, storage_key
-from django_tasklock.service import TaskLockService, new_token
 from django_tasklock.testing.support import (
     LIFE,
     LONG,
@@ -152,11 +152,14 @@ class LeaseCases:
     def test_killed_holder_is_reclaimed_after_its_ttl_and_not_before(
         self, contract_backend: ContractBackend, backend: BaseBackend, key: str
     ) -> None:
+        """A holder nobody can prove gone (see ``cases_dead`` for one that can be)."""
         recipe = cross_process_recipe(contract_backend)
         ttl, interval = 1.5, 0.5
         ctx = multiprocessing.get_context("spawn")
         ours, theirs = ctx.Pipe()
-        proc = ctx.Process(target=hold_until_killed, args=(recipe, key, ttl, interval, theirs))
+        proc = ctx.Process(
+            target=hold_until_killed, args=(recipe, key, ttl, interval, theirs, False)
+        )
         proc.start()
         try:
             assert ours.poll(60), "the holder never reported"

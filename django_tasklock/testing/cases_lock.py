@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 from asgiref.sync import sync_to_async
 
-from django_tasklock.backends.base import BaseBackend
+from django_tasklock.api.service import TaskLockService
+from django_tasklock.backends.base import BaseBackend, Refresh, Released
 from django_tasklock.exceptions import LockNotAcquired
-from django_tasklock.lease import new_token
-from django_tasklock.service import TaskLockService
+from django_tasklock.leases.lease import new_token
 from django_tasklock.testing.support import LIFE, LONG, SLACK, SignalRecorder
 
 
@@ -118,6 +118,24 @@ class LockCases:
         time.sleep(0.9)
         assert backend.peek(key) is None
         assert backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
+
+    def test_a_refresh_after_a_min_hold_release_never_extends_the_lease(
+        self, backend: BaseBackend, key: str
+    ) -> None:
+        # A refresh sent before the release that reaches the storage after it (its
+        # client gave it up and the release went on): it must not undo the cut.
+        token = new_token()
+        assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        assert backend.release(key, token, min_hold=timedelta(seconds=5))
+        assert not backend.refresh(key, token, ttl=LONG, max_lifetime=LIFE)
+        [answer] = backend.refresh_many([Refresh(key, token, LONG, LIFE)])
+        assert not answer
+        held = backend.peek(key)
+        assert held is not None
+        assert held.seconds_left <= 5, f"the cut lease was extended: {held}"
+        again = backend.release_outcome(key, token, min_hold=timedelta(seconds=5))
+        assert again is not Released.LOST  # the same release sent again: no loss
+        assert backend.force_release(key) is not None
 
     def test_min_hold_longer_than_the_ttl_holds_past_the_lease(
         self, backend: BaseBackend, key: str

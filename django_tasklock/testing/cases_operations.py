@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from django_tasklock.api.service import TaskLockService, new_token
 from django_tasklock.backends.base import KEY_PREFIX, BaseBackend, Holder, lease_id, storage_key
-from django_tasklock.service import TaskLockService, new_token
 from django_tasklock.testing.support import (
     LIFE,
     LONG,

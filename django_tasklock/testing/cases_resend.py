@@ -10,8 +10,8 @@ cases send the same call twice, which is what the storage sees then.
 
 from __future__ import annotations
 
+from django_tasklock.api.service import new_token
 from django_tasklock.backends.base import BaseBackend, Released, lease_id
-from django_tasklock.service import new_token
 from django_tasklock.testing.support import LIFE, LONG
 
 
@@ -48,5 +48,18 @@ class ResendCases:
         # was sent once may call that a loss; it is never "released".
         assert backend.release_outcome(key, token) in {Released.GONE, Released.LOST}
         assert backend.acquire(key, successor, ttl=LONG, max_lifetime=LIFE)
-        assert backend.release_outcome(key, token) is Released.LOST, "someone else's is a loss"
+        # Sent again once the key is someone else's: a backend that knows this
+        # release ended the lease (Redis: its tombstone) says so; one that cannot
+        # tell calls it a loss. Never "released", nor the successor's lease ended.
+        assert backend.release_outcome(key, token) in {Released.GONE, Released.LOST}
         assert backend.release(key, successor), "a release sent again ended the successor's lease"
+
+    def test_release_finding_the_key_someone_elses_after_a_force_release_is_a_loss(
+        self, backend: BaseBackend, key: str
+    ) -> None:
+        token, successor = new_token(), new_token()
+        assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        assert backend.force_release(key) is not None  # ended by an operator, not by token
+        assert backend.acquire(key, successor, ttl=LONG, max_lifetime=LIFE)
+        assert backend.release_outcome(key, token) is Released.LOST, "someone else's is a loss"
+        assert backend.release(key, successor), "the release ended the successor's lease"

@@ -1,6 +1,6 @@
 """The contract every backend honours, as a pytest suite.
 
-It tests what docs/guarantees.md promises under "What you can rely on", items 1 to 11.
+It tests what docs/guarantees.md promises under "What you can rely on", items 1 to 12.
 
 Subclass :class:`BackendContract` and give it a ``contract_backend`` fixture
 returning a :class:`ContractBackend` for your backend::
@@ -22,10 +22,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from django_tasklock.api.service import TaskLockService
 from django_tasklock.backends.base import BaseBackend
-from django_tasklock.service import TaskLockService
 from django_tasklock.signals import lock_acquired, lock_lost, lock_released
 from django_tasklock.testing.cases_clock import ClockCases
+from django_tasklock.testing.cases_dead import DeadHolderCases
 from django_tasklock.testing.cases_exclusion import ExclusionCases
 from django_tasklock.testing.cases_failures import FailureCases
 from django_tasklock.testing.cases_fencing import FencingCases
@@ -47,8 +48,9 @@ class BackendContract(
     LockCases,
     FencingCases,
     ResendCases,
+    DeadHolderCases,
 ):
-    """docs/guarantees.md, "What you can rely on", items 1 to 11, against ``contract_backend``."""
+    """docs/guarantees.md, "What you can rely on", items 1 to 12, against ``contract_backend``."""
 
     @pytest.fixture
     def contract_backend(self) -> ContractBackend:  # pragma: no cover - subclasses give it

@@ -56,5 +56,8 @@ class DelegatingBackend(BaseBackend):
     def fence(self, key: str, token: str) -> int | None:
         return self.inner.fence(key, token)
 
+    def storage_time(self) -> float | None:
+        return self.inner.storage_time()
+
     def close(self) -> None:
         self.inner.close()

@@ -10,6 +10,9 @@ arm a fault:
   connection when the server's reply arrives, before the client reads it
   ("reply lost after the storage acted");
 * :meth:`FaultProxy.delay`: hold a request back for a while;
+* :meth:`FaultProxy.hold`: hold a request back until the test lets it go, for
+  a request that arrives late: after the client gave up on it (its socket
+  timeout), sent it again on a new connection and went on;
 * :meth:`FaultProxy.blackhole`: forward nothing more either way, leaving the
   connections open (a network that stopped answering), until :meth:`heal`.
 
@@ -47,6 +50,7 @@ Match = bytes | Callable[[bytes], bool] | None
 
 _POLL = 0.1  # seconds between looks at the stop flag while a socket is idle
 _CHUNK = 65536
+_LATE_ANSWER = 10.0  # seconds a held request's connection waits for the server's answer
 
 
 @dataclasses.dataclass
@@ -56,6 +60,7 @@ class _Rule:
     times: int | None  # None: every match
     probability: float = 1.0
     seconds: float = 0.0
+    until: threading.Event | None = None  # a delay that ends when this is set
 
     def matches(self, data: bytes) -> bool:
         if self.match is None:
@@ -72,6 +77,8 @@ class _Pipe:
         self.client, self.server = client, server
         self.drop_next_reply = False
         self.blackholed = False
+        #: A held request went out on this pipe; its answer is awaited.
+        self.late = False
         self.closed = threading.Event()
 
     def close(self) -> None:
@@ -87,8 +94,10 @@ class _Pipe:
 class FaultProxy:
     """Forwards loopback TCP connections to ``upstream`` (host, port), failing as armed.
 
-    Counters: :attr:`dropped` (replies withheld), :attr:`delayed`,
-    :attr:`connections` (accepted so far).
+    Counters: :attr:`dropped` (replies withheld), :attr:`delayed` (held
+    back, by :meth:`delay` or :meth:`hold`), :attr:`delivered` (requests
+    :meth:`hold` held that the server has since taken), :attr:`connections`
+    (accepted so far).
     """
 
     def __init__(
@@ -104,6 +113,7 @@ class FaultProxy:
         self.max_connections = max_connections
         self.dropped = 0
         self.delayed = 0
+        self.delivered = 0
         self.connections = 0
         self._random = random.Random(seed)
         self._rules: list[_Rule] = []
@@ -158,6 +168,21 @@ class FaultProxy:
     def delay(self, seconds: float, match: Match = None, *, times: int | None = 1) -> None:
         """Hold the next ``times`` matching requests back ``seconds`` before forwarding them."""
         self._add(_Rule("delay", match, times, seconds=seconds))
+
+    def hold(self, match: Match = None) -> threading.Event:
+        """Hold the next matching request back until the event returned is set, then forward it.
+
+        The moment is the test's, not a time's: a client whose socket timeout
+        passes meanwhile gives the request up, closes its connection and may
+        send it again on a new one (which passes: the fault is armed once);
+        set the event once that has happened and the copy may arrive late.
+        Its connection then stays open towards the server until the server
+        answers the request or closes (it has read it either way):
+        :attr:`delivered` counts the requests held so that the server took.
+        """
+        until = threading.Event()
+        self._add(_Rule("delay", match, 1, until=until))
+        return until
 
     def blackhole(self) -> None:
         """From now on forward nothing, either way, on any connection; keep them open."""
@@ -235,6 +260,10 @@ class FaultProxy:
                     data = source.recv(_CHUNK)
                 except TimeoutError:
                     continue
+                if not upstream and pipe.late:
+                    pipe.late = False  # its answer, or the server's close: it was read
+                    with self._lock:
+                        self.delivered += 1
                 if not data:
                     break
                 if self._blackholed or pipe.blackholed:
@@ -245,8 +274,10 @@ class FaultProxy:
                     if rule is not None and rule.kind == "delay":
                         with self._lock:
                             self.delayed += 1
-                        if self._stop.wait(rule.seconds):
+                        if not self._held(rule):
                             break
+                        if rule.until is not None:
+                            pipe.late = True
                     elif rule is not None and rule.kind == "drop_reply":
                         pipe.drop_next_reply = True
                 elif pipe.drop_next_reply:
@@ -257,6 +288,22 @@ class FaultProxy:
         except OSError:
             pass
         finally:
+            if upstream and pipe.late:
+                # The client is gone (or went quiet) after a held request went out:
+                # only our writing half closes, so that the server's answer (or its
+                # close) still comes back and says it read the request.
+                with contextlib.suppress(OSError):
+                    pipe.server.shutdown(socket.SHUT_WR)
+                pipe.closed.wait(_LATE_ANSWER)
             pipe.close()
             with self._lock:
                 self._pipes.discard(pipe)
+
+    def _held(self, rule: _Rule) -> bool:
+        """Wait as the delay ``rule`` says; False if the proxy stopped meanwhile."""
+        if rule.until is None:
+            return not self._stop.wait(rule.seconds)
+        while not rule.until.wait(_POLL):
+            if self._stop.is_set():
+                return False
+        return True

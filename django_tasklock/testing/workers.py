@@ -59,7 +59,7 @@ def contend(
     release, on the host's monotonic clock (shared by its processes): two
     intervals that overlap prove two holders at once.
     """
-    from django_tasklock.service import TaskLockService
+    from django_tasklock.api.service import TaskLockService
 
     service = TaskLockService(recipe.build())
     held: list[tuple[float, float]] = []
@@ -84,10 +84,24 @@ def contend(
 
 
 def hold_until_killed(
-    recipe: BackendRecipe, key: str, ttl: float, refresh_interval: float, conn: Connection
+    recipe: BackendRecipe,
+    key: str,
+    ttl: float,
+    refresh_interval: float,
+    conn: Connection,
+    provable: bool = True,
 ) -> None:
-    """Acquire ``key``, say so through ``conn``, then work until killed."""
-    from django_tasklock.service import TaskLockService
+    """Acquire ``key``, say so through ``conn``, then work until killed.
+
+    ``provable=False``: with tokens that carry no proof of this process, as
+    an older version's, or a machine's without ``/proc``: once it is killed,
+    nobody can prove it gone, and only its ttl frees the key.
+    """
+    if not provable:
+        from django_tasklock import processes
+
+        processes.mark = lambda: ""  # read by the first token made here
+    from django_tasklock.api.service import TaskLockService
 
     service = TaskLockService(recipe.build())
 
@@ -130,7 +144,7 @@ def hold_fenced(
     conn: Connection,
 ) -> None:
     """Hold ``key`` with a fence, report it, and write to ``resource`` when told to."""
-    from django_tasklock.service import TaskLockService
+    from django_tasklock.api.service import TaskLockService
 
     service = TaskLockService(recipe.build())
     lock = service.lock(key, ttl=ttl, refresh_interval=refresh_interval, fencing=True)

@@ -1,6 +1,6 @@
 """LeaderDatabaseScheduler against django-celery-beat's real tables (``python -m``).
 
-Run by tests/test_celery_beat_scheduler.py in a process of its own (the test
+Run by tests/frameworks/test_celery_beat_scheduler.py in a process of its own (the test
 suite's settings do not install django-celery-beat): migrates a fresh SQLite
 file, makes two schedulers of one app, and checks what a new leader does to a
 schedule row another beat left stale, and that a beat whose term ended saves

@@ -26,7 +26,7 @@ from kombu.entity import Queue
 if not apps.ready:
     django.setup()
 
-from django_tasklock.leadership import Leadership
+from django_tasklock.api.leadership import Leadership
 
 app = Celery("tasklock_beat_tests", broker=os.environ.get("TASKLOCK_TEST_AMQP_URL", "memory://"))
 queue = os.environ.get("TASKLOCK_TEST_CELERY_QUEUE", "tasklock-beat-tests")

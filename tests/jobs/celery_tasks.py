@@ -17,8 +17,8 @@ from django.apps import apps
 from kombu.entity import Queue
 
 from django_tasklock import LockLost, checkpoint, exclusive
-from tests import framework_runs
 from tests.jobs import PATIENCE, hold
+from tests.support import framework_runs
 
 if not apps.ready:  # in the worker; the test process has set Django up already
     django.setup()

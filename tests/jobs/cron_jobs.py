@@ -1,4 +1,4 @@
-"""django-cron jobs run by real ``manage.py runcrons`` processes in tests/test_django_cron.py.
+"""django-cron jobs run by real ``manage.py runcrons`` processes (frameworks/test_django_cron.py).
 
 A job learns from its process's environment the test's folder of signal
 files (``TASKLOCK_TEST_SIGNALS``) and its name there (``TASKLOCK_TEST_JOB``).

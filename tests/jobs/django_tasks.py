@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from django_tasklock import exclusive
-from tests import framework_runs
 from tests.jobs import hold
+from tests.support import framework_runs
 
 try:  # Django >= 6.0
     from django.tasks import task

@@ -6,12 +6,13 @@ Each actor's last argument is the test's folder of signal files.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import dramatiq
 
-from tests import framework_runs
-from tests.jobs import hold
+from tests.jobs import PATIENCE, hold
+from tests.support import framework_runs
 
 QUEUE = os.environ.get("TASKLOCK_TEST_DRAMATIQ_QUEUE", "tasklock-tests")
 
@@ -47,3 +48,18 @@ def record(key: str, pause: float, signals: str) -> None:
 @dramatiq.actor(queue_name=QUEUE, max_retries=0)
 def ping(signals: str) -> None:
     (Path(signals) / "pong").write_text(str(os.getpid()))
+
+
+@dramatiq.actor(
+    queue_name=QUEUE, max_retries=0, exclusive="dramatiq:{key}", exclusive_options={"ttl": 900}
+)
+def crash_once(key: str, signals: str) -> None:
+    """The first run waits to be killed; the one delivered again after it ends."""
+    folder = Path(signals)
+    with (folder / "starts").open("a") as starts:
+        starts.write(f"{os.getpid()}\n")
+    if len((folder / "starts").read_text().split()) == 1:
+        (folder / "first.holding").write_text(str(os.getpid()))
+        time.sleep(PATIENCE)
+        raise TimeoutError("the first run was not killed")
+    (folder / "done").write_text(str(os.getpid()))

@@ -17,6 +17,16 @@ DRAMATIQ_BROKER = {
     "OPTIONS": {
         "url": os.environ["TASKLOCK_TEST_REDIS_URL"],
         "namespace": os.environ["TASKLOCK_TEST_DRAMATIQ_NAMESPACE"],
+        # A worker silent this long is dead, and its messages delivered again,
+        # looked for at every command (tests/frameworks/test_dramatiq_redelivery.py).
+        **(
+            {
+                "heartbeat_timeout": int(os.environ["TASKLOCK_TEST_DRAMATIQ_HEARTBEAT_MS"]),
+                "maintenance_chance": 1_000_000,
+            }
+            if "TASKLOCK_TEST_DRAMATIQ_HEARTBEAT_MS" in os.environ
+            else {}
+        ),
     },
     "MIDDLEWARE": [
         "dramatiq.middleware.TimeLimit",

@@ -12,7 +12,7 @@ from typing import Any
 from dramatiq import Broker
 from dramatiq.middleware import Middleware
 
-from tests import framework_runs
+from tests.support import framework_runs
 
 
 class RecordSkips(Middleware):

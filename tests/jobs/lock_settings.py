@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
-from tests import services
 from tests.jobs.settings import *  # noqa: F403
 from tests.jobs.settings import DATABASES
+from tests.support import services
 
 _STORE = os.environ["TASKLOCK_TEST_LOCK_STORE"]
 if _STORE == "postgres":

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 
-from tests import services
 from tests.jobs.settings import *  # noqa: F403
 from tests.jobs.settings import INSTALLED_APPS as BASE_APPS
+from tests.support import services
 
 INSTALLED_APPS = [*BASE_APPS, "django_q"]
 DATABASES = {
@@ -24,9 +24,11 @@ Q_CLUSTER = {
     "orm": "default",
     "workers": 2,
     "recycle": 10_000,
-    "timeout": 90,
-    "retry": 120,
-    "max_attempts": 1,
+    # A task whose worker died is delivered again once ``retry`` s have passed
+    # (tests/frameworks/test_django_q2_redelivery.py shortens both).
+    "timeout": int(os.environ.get("TASKLOCK_TEST_Q2_TIMEOUT", "90")),
+    "retry": int(os.environ.get("TASKLOCK_TEST_Q2_RETRY", "120")),
+    "max_attempts": int(os.environ.get("TASKLOCK_TEST_Q2_ATTEMPTS", "1")),
     "poll": 0.1,
     "guard_cycle": 0.1,
     # The cluster runs django-q2's scheduler every 30 s; the test runs it itself, when due.

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
 from django_tasklock import exclusive
-from tests import framework_runs
-from tests.jobs import hold
+from tests.jobs import PATIENCE, hold
+from tests.support import framework_runs
 
 
 @exclusive("q2:{key}", ttl=60)
@@ -26,3 +28,16 @@ def record(key: str, pause: float, signals: str) -> str:
     """Hold ``q2:key`` for ``pause`` seconds and write the interval held."""
     framework_runs.held_for(signals, pause, os.getpid())
     return "ran"
+
+
+@exclusive("q2:{key}", ttl=900)
+def crash_once(key: str, signals: str) -> str:
+    """The first run waits to be killed; the one delivered again after it ends."""
+    folder = Path(signals)
+    with (folder / "starts").open("a") as starts:
+        starts.write(f"{os.getpid()}\n")
+    if len((folder / "starts").read_text().split()) == 1:
+        (folder / "first.holding").write_text(str(os.getpid()))
+        time.sleep(PATIENCE)
+        raise TimeoutError("the first run was not killed")
+    return "ran again"

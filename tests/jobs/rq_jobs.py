@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
 from django_tasklock.contrib.rq import exclusive
-from tests import framework_runs
-from tests.jobs import hold
+from tests.jobs import PATIENCE, hold
+from tests.support import framework_runs
 
 
 @exclusive("rq:{key}", ttl=60)
@@ -55,3 +57,16 @@ def quick(key: str) -> str:
 def calls_quick(key: str) -> str:
     """A job (no lock of its own) calling an ``@exclusive`` function: its meta is its own."""
     return f"called:{quick(key)}"
+
+
+@exclusive("rq:{key}", ttl=900)
+def crash_once(key: str, signals: str) -> str:
+    """The first run (its work horse) waits to be killed; the retry RQ enqueues ends."""
+    folder = Path(signals)
+    with (folder / "starts").open("a") as starts:
+        starts.write(f"{os.getpid()}\n")
+    if len((folder / "starts").read_text().split()) == 1:
+        (folder / "first.holding").write_text(str(os.getpid()))
+        time.sleep(PATIENCE)
+        raise TimeoutError("the first run was not killed")
+    return "ran again"

@@ -4,7 +4,10 @@ Atomicity comes from the primary key: two concurrent inserts of one key cannot
 both succeed, so an ``IntegrityError`` on the key means "held", once the row
 is seen to exist. That one look also says whether the row is free to take
 over (expired, or older than 24 h: see ``rows``), by the server's clock; a
-stale row is deleted by its holder's token and the INSERT sent again.
+stale row is deleted by its holder's token and the INSERT sent again. So is
+a live row whose holder is provably gone (``processes.holder_gone``: a process
+of this machine that no longer runs): the DELETE names its token, so of two
+processes doing so at once, one deletes it, and one INSERT wins.
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from django.db import IntegrityError
 
+from django_tasklock.backends.base import Holder
 from django_tasklock.backends.database import rows as db_rows
 from django_tasklock.backends.database.connections import (
     is_key_conflict,
     savepoint_if_in_transaction,
 )
 from django_tasklock.backends.database.functions import Compiled, UtcNow
+from django_tasklock.processes import holder_gone
 
 if TYPE_CHECKING:
     from django_tasklock.models import CacheEntry
@@ -61,9 +66,16 @@ def insert_lease(
                     raise  # not a key conflict after all: a real error
                 continue  # the holder released between our INSERT and our look
             holder, live = seen
+            if live and holder == token:
+                return "ours"  # our own row: this INSERT sent again after its reply was lost
+            if live and holder_gone(Holder.from_token(holder)) is not True:
+                return "held"
             if live:
-                # Our own row: this INSERT sent again after its reply was lost.
-                return "ours" if holder == token else "held"
+                # Its holder is gone: delete its row, live or not (its token is
+                # never reused, so a new holder's row is safe), and insert again.
+                rows = model.objects.using(alias).filter(key=stored, value=holder)
+                rows._raw_delete(alias)
+                continue
             # Expired or abandoned: delete that holder's row (a token is
             # never reused, so a new holder's row is safe) and insert again.
             # The DELETE judges staleness again, by the server's clock: the

@@ -29,7 +29,14 @@ from django.db import Error, connections
 from django.db.models import F
 from django.db.models.functions import Least
 
-from django_tasklock.backends.base import BaseBackend, HeldLock, Refresh, Released, storage_key
+from django_tasklock.backends.base import (
+    BaseBackend,
+    Capabilities,
+    HeldLock,
+    Refresh,
+    Released,
+    storage_key,
+)
 from django_tasklock.backends.database import rows as db_rows
 from django_tasklock.backends.database import statements as db_statements
 from django_tasklock.backends.database.acquisitions import insert_lease
@@ -46,11 +53,12 @@ from django_tasklock.backends.database.fences import (
     next_fence_upsert,
     upsert_returns,
 )
-from django_tasklock.backends.database.functions import Compiled, UtcNow
-from django_tasklock.backends.database.releases import end_lease
+from django_tasklock.backends.database.functions import Compiled, UtcNow, server_time
+from django_tasklock.backends.database.releases import end_lease, record_forced
 from django_tasklock.backends.database.retries import retry_on_new_connection, retry_when_busy
 from django_tasklock.backends.forksafe import ForkSafeLock
 from django_tasklock.conf import conf
+from django_tasklock.processes import holder_gone, this_machine
 
 if TYPE_CHECKING:
     from django_tasklock.models import CacheEntry
@@ -68,6 +76,7 @@ class DatabaseBackend(BaseBackend):
     alone: keep work under a ``TestCase`` shorter than its ``ttl``.
     """
 
+    capabilities = Capabilities(dead_holders=True)
     #: Databases whose fence is one upsert statement (the others: a transaction).
     single_statement_fence_vendors: tuple[str, ...] = ("postgresql", "sqlite")
 
@@ -234,8 +243,16 @@ class DatabaseBackend(BaseBackend):
     @retry_on_new_connection
     @retry_when_busy
     def _delete_lease(self, stored: str, token: str) -> bool:
-        """Delete the row of ``stored`` while ``token`` is in it, live or not."""
+        """Delete the row of ``stored`` while ``token`` is in it, live or not, and record it.
+
+        The record (``releases.record_forced``), written first, is how the
+        holder's release, sent again after its reply was lost, tells this
+        deletion from its own. Should the deletion then fail (twice), the
+        record stays with the lease: only a release of it sent twice, its
+        reply lost, would read it, and call its own release a loss.
+        """
         with alias_for_writing(self.using) as alias:
+            record_forced(alias, token)  # before the deletion: never a deletion unrecorded
             return bool(self._release_statements(alias)[1].run(alias, stored, token))
 
     @names_missing_table
@@ -258,6 +275,47 @@ class DatabaseBackend(BaseBackend):
         with alias_for_writing(self.using) as alias:
             stale = db_rows.stale(self._model(), alias)
             return stale.count() if dry_run else db_statements.delete_in_key_order(stale, alias)
+
+    @names_missing_table
+    @retry_when_busy
+    def reap_dead_holders(self) -> Sequence[HeldLock]:
+        """One SELECT of this machine's live rows; a DELETE by token for each holder gone.
+
+        The SELECT narrows the namespace to rows whose token names this
+        machine (``value`` contains its mark); a row cut for ``min_hold``
+        carries ``~released`` after the token and names no machine anyone can
+        prove anything of. Each DELETE names the row's token: a successor's
+        row, or a row deleted meanwhile, is left alone, also when sent twice.
+        """
+        machine = this_machine()
+        if machine is None:
+            return []
+        with alias_for_writing(self.using) as alias:
+            rows = db_rows.live(self._model(), alias).filter(value__contains=f"/{machine}.")
+            seen = [(row.key, row.value, db_rows.held(row)) for row in rows.order_by("key")]
+        return [
+            held
+            for stored, token, held in seen
+            if held.holder.machine == machine
+            and holder_gone(held.holder) is True
+            and self._delete_dead(stored, token)
+        ]
+
+    @retry_on_new_connection
+    @retry_when_busy
+    def _delete_dead(self, stored: str, token: str) -> bool:
+        with alias_for_writing(self.using) as alias:
+            return bool(self._release_statements(alias)[1].run(alias, stored, token))
+
+    @retry_when_busy
+    def storage_time(self) -> float | None:
+        """The database server's clock (PostgreSQL, MySQL/MariaDB); SQLite's is this host's.
+
+        SQLite dates its rows by the host's clock, read here without a query
+        (every process of the host shares it). Other databases: None.
+        """
+        with alias_for_reading(self.using) as alias:
+            return server_time(connections[alias])
 
     def close(self) -> None:
         close_connections(self.using)

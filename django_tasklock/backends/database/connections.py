@@ -249,8 +249,9 @@ def names_missing_table(method: Callable[_P, _R]) -> Callable[_P, _R]:
         except DatabaseError as exc:
             using = args[0].using  # type: ignore[attr-defined]  # the backend
             text = str(exc).lower()
-            # CacheEntry's and FenceCounter's tables (the latter since migration 0003).
-            for table in ("cache_entries", "tasklock_fences"):
+            # CacheEntry's, FenceCounter's (since migration 0003) and ForcedRelease's
+            # (since 0005) tables.
+            for table in ("cache_entries", "tasklock_fences", "tasklock_forced_releases"):
                 if table in text and any(words in text for words in _NO_TABLE):
                     option = "" if using == "default" else f" --database {using}"
                     raise ImproperlyConfigured(

@@ -16,6 +16,7 @@ and compiled once per database, not at every ``create()``.
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -56,6 +57,31 @@ class AsUtc(Func):
         return self.as_sql(
             compiler, connection, template="(%(expressions)s AT TIME ZONE 'UTC')", **extra_context
         )
+
+
+# The server's clock as seconds (PostgreSQL) or microseconds (MySQL/MariaDB) since
+# the epoch, whatever the session's time zone.
+_SERVER_TIME = {
+    "postgresql": ("SELECT EXTRACT(EPOCH FROM STATEMENT_TIMESTAMP())", 1.0),
+    "mysql": ("SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))", 1e-6),
+}
+
+
+def server_time(connection: Any) -> float | None:
+    """The clock that dates ``connection``'s rows, in seconds since the epoch.
+
+    One query on PostgreSQL and MySQL/MariaDB; SQLite's clock is this host's
+    (``time.time()``, no query); None for other databases.
+    """
+    if connection.vendor == "sqlite":
+        return time.time()
+    known = _SERVER_TIME.get(connection.vendor)
+    if known is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(known[0])
+        (value,) = cursor.fetchone()
+    return float(value) * known[1]
 
 
 def aware_utc(value: datetime) -> datetime:

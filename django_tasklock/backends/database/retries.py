@@ -52,8 +52,11 @@ from django_tasklock.backends.database.connections import (
 
 #: How long, in all, a lock statement keeps retrying a busy database.
 BUSY_WAIT = 30.0
-# SQLITE_BUSY and its extended codes (RECOVERY, SNAPSHOT, TIMEOUT); SQLITE_LOCKED.
-_BUSY_CODES = {5, 6, 261, 517, 773}
+# SQLITE_BUSY and its extended codes (RECOVERY, SNAPSHOT, TIMEOUT); SQLITE_LOCKED and
+# its SHAREDCACHE code: a table lock of a shared cache (``file:...?cache=shared``, what
+# Django's test runner makes of ``:memory:``), "database table is locked". No busy
+# handler waits for it, so only the retry does.
+_BUSY_CODES = {5, 6, 261, 517, 773, 262}
 # MySQL/MariaDB: ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT.
 _MYSQL_BUSY_CODES = {1213, 1205}
 # PostgreSQL: deadlock_detected, serialization_failure.
@@ -78,7 +81,12 @@ def is_busy(exc: BaseException, vendor: str) -> bool:
     code = getattr(cause, "sqlite_errorcode", None)
     if code is not None:
         return code in _BUSY_CODES
-    return "database is locked" in str(exc) or "database table is locked" in str(exc)
+    text = str(exc)
+    return (
+        "database is locked" in text
+        or "database table is locked" in text
+        or "database schema is locked" in text
+    )
 
 
 def retry_when_busy(method: Callable[..., R]) -> Callable[..., R]:

@@ -16,7 +16,7 @@ expires: we never steal what we cannot date.
 
 from __future__ import annotations
 
-import math
+import threading
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -25,18 +25,27 @@ from django_tasklock.backends.base import (
     KEY_PREFIX,
     STALE_AFTER,
     BaseBackend,
+    Capabilities,
     HeldLock,
+    Holder,
     PartlyRefreshed,
     Refresh,
     Released,
     caller_key,
+    lease_id,
     storage_key,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
-from django_tasklock.backends.redis.calls import Call, Scripts
-from django_tasklock.backends.redis.checks import check_redis
+from django_tasklock.backends.redis.calls import RefreshBatch, Scripts, answers_of, ms
+from django_tasklock.backends.redis.checks import (
+    check_redis,
+    eviction_warnings,
+    location,
+    read_policies,
+    warn_at_first_use,
+)
 from django_tasklock.backends.redis.connections import connect
-from django_tasklock.backends.redis.releases import release_lease
+from django_tasklock.backends.redis.releases import half_migrated, release_lease
 from django_tasklock.backends.redis.replicas import (
     DEFAULT_TIMEOUT,
     ack_from_settings,
@@ -45,10 +54,11 @@ from django_tasklock.backends.redis.replicas import (
     unconfirmed,
 )
 from django_tasklock.backends.redis.replies import held_lock, text
-from django_tasklock.backends.redis.scripts import fence_key
-from django_tasklock.backends.redis.slots import chunked, tag_for
+from django_tasklock.backends.redis.scripts import fence_key, tombstone_key
+from django_tasklock.backends.redis.slots import tag_for
 from django_tasklock.backends.redis.urls import RedisURLError, parse_url
 from django_tasklock.durations import Duration
+from django_tasklock.processes import holder_gone, this_machine
 
 if TYPE_CHECKING:
     # redis-py is imported when a connection is made, never at import: without
@@ -60,12 +70,10 @@ if TYPE_CHECKING:
 _STALE_MS = int(STALE_AFTER / timedelta(milliseconds=1))
 _STALE_ARG = b"%d" % _STALE_MS  # bytes: redis-py sends them as they are, no encoding per call
 _BATCH = 500
-#: Most leases one refresh script carries.
-REFRESH_CHUNK = 500
-
-
-def _ms(duration: timedelta) -> int:
-    return max(1, math.ceil(duration / timedelta(milliseconds=1)))
+# Acquisitions that find the key held by a process of this machine gone, take
+# it over, and find it held by another gone one: at most so many in a row.
+_TAKEOVER_ATTEMPTS = 3
+_ms = ms
 
 
 class RedisBackend(BaseBackend):
@@ -82,6 +90,8 @@ class RedisBackend(BaseBackend):
     and fence, ``WAIT`` for that many replicas, at most ``replica_timeout``
     (``TASKLOCK_REDIS_REPLICA_TIMEOUT``, 1 s); fewer is ``ReplicationNotConfirmed``.
     """
+
+    capabilities = Capabilities(dead_holders=True)
 
     def __init__(
         self,
@@ -105,6 +115,10 @@ class RedisBackend(BaseBackend):
         self._cache_alias = cache_alias
         self._scripts: Scripts | None = None
         self._init_lock = ForkSafeLock()
+        #: The heartbeat's last batch, kept while it sends the same leases (``calls``).
+        self._batch: RefreshBatch | None = None
+        #: The first use's ``maxmemory-policy`` look (W002), on a thread of its own.
+        self.policy_check: threading.Thread | None = None
 
     @classmethod
     def from_settings(cls) -> RedisBackend:
@@ -124,6 +138,35 @@ class RedisBackend(BaseBackend):
         """E002: redis-py (or, without a URL, django-redis) is missing; E003-E004: the cache."""
         return check_redis()
 
+    def eviction_check(self) -> list[Any]:
+        """``django_tasklock.W002`` if a server may evict a live lease, read now.
+
+        Its ``maxmemory-policy`` (``CONFIG GET``; on a cluster, of every master)
+        is anything but ``noeviction``. A server that refuses ``CONFIG GET``
+        (managed Redis) is not reported; connection errors propagate. The
+        deploy check ``manage.py check --deploy`` calls this.
+        """
+        with self._init_lock:
+            if self._client is None:
+                self._client = connect(self._url, self._cache_alias)
+            client = self._client
+        return eviction_warnings(read_policies(client))
+
+    def location(self) -> str:
+        """Where the leases are kept, for people (a demo, a log line): server and db.
+
+        ``127.0.0.1:6379, db 0``; never a password. Connects if not yet connected.
+        """
+        return location(self._conn())
+
+    def storage_time(self) -> float | None:
+        """Redis's ``TIME``; None on a Redis Cluster, whose every master has a clock of its own."""
+        scripts = self._calls()
+        if scripts.cluster:
+            return None
+        seconds, micros = scripts.client.time()
+        return float(seconds) + float(micros) / 1e6
+
     def _conn(self) -> redis.Redis | RedisCluster:
         """The connection, made on first use, once across threads."""
         return self._calls().client  # type: ignore[no-any-return]
@@ -136,7 +179,10 @@ class RedisBackend(BaseBackend):
                 if self._scripts is None:
                     if self._client is None:
                         self._client = connect(self._url, self._cache_alias)
-                    self._scripts = Scripts(self._client)
+                    made = Scripts(self._client)
+                    # W002 if the policy may evict a lease; never waited for here.
+                    self.policy_check = warn_at_first_use(self._client)
+                    self._scripts = made
                     tag_for(KEY_PREFIX)  # the slot table, built now rather than in a release
                 scripts = self._scripts
         return scripts
@@ -145,12 +191,16 @@ class RedisBackend(BaseBackend):
         return self._calls().run(name, [key], args)
 
     def _grant(self, name: str, key: str, token: str, keys: list[str], args: list[Any]) -> Any:
-        """Run a script that grants (``acquire``, ``fence``); ``WAIT`` after it if asked to."""
+        """Run a script that grants (``acquire``, ``fence``); ``WAIT`` after it if asked to.
+
+        A refusal that names the holder (``acquire``: a token) grants nothing.
+        """
         scripts = self._calls()
         if self._ack is None:
             return scripts.run(name, keys, args)
         reply, acked = send_and_wait(scripts, name, keys, args, self._ack)
-        if reply and acked < self._ack.count:  # granted (no fence is 0), too few replicas
+        granted = reply and not isinstance(reply, (bytes, str))  # no fence is 0
+        if granted and acked < self._ack.count:  # granted, too few replicas
             raise unconfirmed(lambda: self.release(key, token), key, self._ack, acked)
         return reply
 
@@ -158,11 +208,50 @@ class RedisBackend(BaseBackend):
         """``SET NX PX`` by the server clock; also takes over a key abandoned for 24 h.
 
         The first lease lasts ``min(ttl, max_lifetime)``, so even it respects the cap.
+        A token whose lease was released (its tombstone is there) is refused,
+        and nothing written: that is an acquisition arriving late, after the
+        client sent it again, was granted, and the work ran and released.
+
+        A key held by a token of this machine is answered with that token;
+        if its holder is provably gone (``holder_gone``), the script is sent
+        again naming it, and takes the key over only while that token still
+        holds it (of two processes doing so, the second finds the first's).
         """
-        args = [token, _ms(min(ttl, max_lifetime)), _STALE_ARG]
-        if self._ack is None:
-            return bool(self._run("acquire", storage_key(key), *args))
-        return bool(self._grant("acquire", key, token, [storage_key(key)], args))
+        machine = this_machine()
+        args = [
+            token,
+            _ms(min(ttl, max_lifetime)),
+            _STALE_ARG,
+            "" if machine is None else f"/{machine}.",
+            "",
+        ]
+        keys = [storage_key(key), tombstone_key(key, token)]
+        try:
+            return self._acquire(key, token, keys, args)
+        except Exception as exc:
+            # A slot half migrated refuses the two keys for as long as the move lasts
+            # (a tombstone never exists before its release): the lease alone then,
+            # the tombstone read on its own first (see ``releases``).
+            if not self._calls().cluster or not half_migrated(exc):
+                raise
+            if text(self._calls().client.get(keys[1]) or b"") == token:
+                return False
+            return self._acquire(key, token, keys[:1], args)
+
+    def _acquire(self, key: str, token: str, keys: list[str], args: list[Any]) -> bool:
+        for _ in range(_TAKEOVER_ATTEMPTS):
+            if self._ack is None:
+                reply = self._calls().run("acquire", keys, args)
+            else:
+                reply = self._grant("acquire", key, token, keys, args)
+            if not isinstance(reply, (bytes, str)):
+                return bool(reply)
+            # Held by a process of this machine: taken over if it is gone.
+            held = text(reply)
+            if holder_gone(Holder.from_token(held)) is not True:
+                return False
+            args = [*args[:4], held]
+        return False  # the key changed hands to dead holders at every attempt
 
     def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         """Set the TTL to ``min(ttl, acquired + max_lifetime - now)``; untouched if that is <= 0.
@@ -182,22 +271,18 @@ class RedisBackend(BaseBackend):
         cluster, one per master: one unreachable raises ``PartlyRefreshed``
         with the others' answers). A Redis that stops answering fails the call
         after the socket timeout (10 s for a ``url``; a django-redis cache's own).
+        The calls made for one tuple of ``items`` are kept for the next call with
+        the same tuple (the heartbeat's, while no lease comes or goes).
         """
-        stored = [storage_key(item.key) for item in items]
         scripts = self._calls()
         per_slot = scripts.per_slot
-        chunks = chunked(stored, REFRESH_CHUNK, per_slot=per_slot)
-        calls: list[Call] = []
-        for chunk in chunks:
-            args: list[Any] = []
-            for index in chunk:
-                item = items[index]
-                args += (item.token, _ms(item.ttl), _ms(item.max_lifetime))
-            calls.append(("refresh_many", [stored[index] for index in chunk], args))
+        batch = self._batch
+        if batch is None or batch.items is not items or batch.per_slot is not per_slot:
+            stored = [storage_key(item.key) for item in items]
+            batch = self._batch = RefreshBatch(items, stored, per_slot)
         failed: dict[int, Exception] = {}
         try:
-            one = len(calls) == 1
-            replies = [scripts.run_refreshes(calls[0])] if one else scripts.run_many(calls, failed)
+            replies = scripts.run_batch(batch, failed)
         except Exception as exc:
             from redis.exceptions import ClusterCrossSlotError
 
@@ -207,17 +292,17 @@ class RedisBackend(BaseBackend):
             scripts.per_slot = True
             return self.refresh_many(items)
         answers: list[bool | None] = [None] * len(items)  # None: its master failed
-        for n, (chunk, reply) in enumerate(zip(chunks, replies, strict=True)):
+        for n, (chunk, reply) in enumerate(zip(batch.chunks, replies, strict=True)):
             if n not in failed:
-                for index, answer in zip(chunk, reply, strict=True):
-                    answers[index] = bool(answer)
+                for index, answer in zip(chunk, answers_of(reply), strict=True):
+                    answers[index] = answer
         if failed:
             raise PartlyRefreshed(answers, next(iter(failed.values())))
         return answers  # type: ignore[return-value] # every one answered
 
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
-        """Delete the lease held by ``token``; with ``min_hold``, ``PEXPIRE`` it to end
-        at acquisition + ``min_hold`` (by the server's clock) while that is ahead."""
+        """Delete the lease held by ``token``; with ``min_hold``, cut it (marked released)
+        to end at acquisition + ``min_hold`` (by the server's clock) while that is ahead."""
         return self.release_outcome(key, token, min_hold=min_hold) is Released.RELEASED
 
     def release_outcome(
@@ -226,9 +311,13 @@ class RedisBackend(BaseBackend):
         """:meth:`release`; ``GONE`` only when this release, sent before, ended the lease.
 
         A client that retries may have run the script already (its reply
-        lost): ending a lease leaves a tombstone naming the token for 60 s (one
-        more ``SET``), which the same release sent again finds. A key gone
-        without it (expired, force-released, evicted) is ``LOST``.
+        lost): ending a lease leaves a tombstone naming the token for the
+        client's retry window, at least 60 s (one more ``SET``), which the same
+        release sent again finds: ``GONE``, also when a successor holds the key
+        by then. A key gone without it (expired,
+        force-released, evicted), or someone else's, is ``LOST``. With
+        ``min_hold``, the lease cut to end then is marked released, so that no
+        refresh extends it.
         """
         return release_lease(self._calls(), key, token, 0 if min_hold is None else _ms(min_hold))
 
@@ -288,6 +377,32 @@ class RedisBackend(BaseBackend):
         """
         held = (held_lock(key, reply) for key, reply in self._run_all("inspect", _STALE_MS))
         return sorted((lock for lock in held if lock is not None), key=lambda lock: lock.key)
+
+    def reap_dead_holders(self) -> Sequence[HeldLock]:
+        """A ``SCAN`` of the namespace, a script per key found; ``reap`` each holder gone.
+
+        The scripts (pipelined, 500 at a time, as :meth:`list`) answer the
+        tokens of this machine's live leases (not one cut for ``min_hold``);
+        a lease whose holder is provably gone is deleted by a script bound to
+        its token (``reap``), never a successor's.
+        """
+        machine = this_machine()
+        if machine is None:
+            return []
+        ended = []
+        for key, reply in self._run_all("of_machine", f"/{machine}.", _STALE_MS):
+            if reply is None:
+                continue
+            token = text(reply)
+            holder = Holder.from_token(token)
+            if holder.machine != machine or holder_gone(holder) is not True:
+                continue
+            seen = held_lock(key, self._run("inspect", storage_key(key), _STALE_MS))
+            ours = seen is not None and seen.lease == lease_id(token)
+            if ours and self._run("reap", storage_key(key), token):
+                assert seen is not None
+                ended.append(seen)
+        return ended
 
     def clear_stale(self, *, dry_run: bool = False) -> int:
         """Delete keys no lease should leave behind; return how many (or would be).

@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
-from django_tasklock.backends.redis.lean import Lean
+from django_tasklock.backends.redis.lean import Lean, pack
+from django_tasklock.backends.redis.retries import retry_window_ms
 from django_tasklock.backends.redis.scripts import PRELUDE, SCRIPTS
 
 #: One script call: the script's name, its keys, its arguments.
 Call = tuple[str, Sequence[Any], Sequence[Any]]
+#: Most leases one ``refresh_many`` script carries.
+REFRESH_CHUNK = 500
 
 
 class Scripts:
@@ -42,6 +47,10 @@ class Scripts:
         self._sha_bytes = {name: sha.encode() for name, sha in self.shas.items()}
         #: A plain client's calls skip redis-py's command layers (see ``lean``).
         self.lean = None if self.cluster else Lean.of(client)
+        #: Per master's client (a cluster's), its lean path for batches.
+        self._leans: dict[int, Lean] = {}
+        #: How long a release's tombstone lives: the client's retry window (``retries``).
+        self.tombstone_ms = retry_window_ms(client)
 
     def load(self) -> None:
         """``SCRIPT LOAD`` every script; on a cluster, on every master that answers.
@@ -84,6 +93,46 @@ class Scripts:
             self.load()
             return send()
 
+    def run_batch(self, batch: RefreshBatch, failed: dict[int, Exception]) -> list[Any]:
+        """The replies to a heartbeat's ``refresh_many`` calls (:class:`RefreshBatch`).
+
+        A plain client's lean path sends the batch's calls packed once, on
+        one connection, in one exchange; a call met with ``NOSCRIPT`` is sent
+        again on its own once the scripts are loaded, and any other error
+        reply is raised. Else :meth:`run_refreshes` for one call and
+        :meth:`run_many` for several (``failed`` as there).
+        """
+        from redis.exceptions import NoScriptError
+
+        calls = batch.calls
+        packed = batch.packed
+        if packed is None:
+            packed = batch.packed = [pack(self._sha_bytes[n], k, a) for n, k, a in calls]
+        if self.cluster:
+            return self.run_many(calls, failed, packed)
+        lean = self.lean
+        if lean is None or not lean.usable():
+            if len(calls) == 1:
+                return [self.run_refreshes(calls[0])]
+            return self.run_many(calls, failed)
+        replies = lean.evalsha_many(packed)
+        for index, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):
+                replies[index] = self.run_refreshes(calls[index])  # loads the scripts
+            elif isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def _lean_for(self, target: Any) -> Lean | None:
+        """The lean path on ``target`` (a cluster master's client, or ours), where it can."""
+        lean = self._leans.get(id(target))
+        if lean is None or lean.client is not target:
+            lean = Lean.of(target)
+            if lean is None:
+                return None
+            self._leans[id(target)] = lean
+        return lean if lean.usable() else None
+
     def run_refreshes(self, call: Call) -> Any:
         """A ``refresh_many`` call, sent on its own; on a cluster that keeps refusing it
         (``TRYAGAIN`` until redis-py gives up: its slot is half migrated and a key
@@ -103,9 +152,16 @@ class Scripts:
             return [self.run("refresh", [k], args[3 * i : 3 * i + 3]) for i, k in enumerate(keys)]
 
     def run_many(
-        self, calls: Sequence[Call], failed: dict[int, Exception] | None = None
+        self,
+        calls: Sequence[Call],
+        failed: dict[int, Exception] | None = None,
+        packed: Sequence[bytes] | None = None,
     ) -> list[Any]:
         """Every call pipelined (not a transaction); the replies in order.
+
+        ``packed``: each call's ``EVALSHA`` already packed (a heartbeat's
+        :class:`RefreshBatch`), sent as it is where a master's client allows
+        the lean path (see ``lean``), instead of through redis-py's pipeline.
 
         With ``failed``, on a cluster a master that cannot be reached, or that
         answers an error (``CLUSTERDOWN`` while it sees the cluster down, in a
@@ -142,12 +198,16 @@ class Scripts:
         again: list[int] = []
         for node, indexes in groups.values():
             target = self.client if node is None else self.client.get_redis_connection(node)
-            pipe = target.pipeline(transaction=False)
-            for index in indexes:
-                name, keys, args = calls[index]
-                pipe.execute_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
+            lean = None if packed is None else self._lean_for(target)
             try:
-                answers = pipe.execute(raise_on_error=False)
+                if lean is not None:
+                    answers = lean.evalsha_many([packed[index] for index in indexes])  # type: ignore[index]
+                else:
+                    pipe = target.pipeline(transaction=False)
+                    for index in indexes:
+                        name, keys, args = calls[index]
+                        pipe.execute_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
+                    answers = pipe.execute(raise_on_error=False)
             except (ConnectionError, TimeoutError) as error:
                 if node is None:
                     raise
@@ -177,3 +237,53 @@ class Scripts:
                     raise
                 failed[index] = error
         return replies
+
+
+class RefreshBatch:
+    """What ``refresh_many`` sends for one tuple of leases, built once and kept.
+
+    The heartbeat passes the same tuple tick after tick while no lease comes
+    or goes (see ``leases.refreshing``): the keys' chunks, each chunk's call,
+    and on the lean path its packed bytes are made the first time only, so
+    a tick at 10,000 leases costs the exchange, not 40,000 arguments made and
+    encoded again. ``per_slot``: each chunk in one hash slot (see ``slots``).
+    """
+
+    def __init__(self, items: Sequence[Any], stored: Sequence[str], per_slot: bool) -> None:
+        from django_tasklock.backends.redis.slots import chunked
+
+        self.items = items
+        self.per_slot = per_slot
+        #: Indexes of ``items``, one list per call.
+        self.chunks = chunked(stored, REFRESH_CHUNK, per_slot=per_slot)
+        known: dict[timedelta, int] = {}  # each ttl's and cap's: most leases share one
+        self.calls: list[Call] = []
+        for chunk in self.chunks:
+            args: list[Any] = []
+            for index in chunk:
+                item = items[index]
+                ttl = known.get(item.ttl) or known.setdefault(item.ttl, ms(item.ttl))
+                cap = known.get(item.max_lifetime) or known.setdefault(
+                    item.max_lifetime, ms(item.max_lifetime)
+                )
+                args += (item.token, ttl, cap)
+            self.calls.append(("refresh_many", [stored[index] for index in chunk], args))
+        #: The calls packed for the lean path, made on first use (see :meth:`Scripts.run_batch`).
+        self.packed: list[bytes] | None = None
+
+
+def answers_of(reply: Any) -> list[bool]:
+    """A ``refresh_many`` reply, one ``"1"``/``"0"`` per key, as one answer per key.
+
+    Also a list of integers (``run_refreshes``' key-by-key fallback).
+    """
+    if isinstance(reply, bytes):
+        return [char == 49 for char in reply]  # b"1"
+    if isinstance(reply, str):  # a client that decodes replies
+        return [char == "1" for char in reply]
+    return [bool(answer) for answer in reply]
+
+
+def ms(duration: timedelta) -> int:
+    """A duration in whole milliseconds, rounded up, at least 1: what every script is sent."""
+    return max(1, math.ceil(duration / timedelta(milliseconds=1)))

@@ -88,7 +88,6 @@ class Lean:
         self._pool = client.connection_pool
         self._execute_command = execute_command
         self._observing = _observing()
-        self._heads: dict[tuple[bytes, int, int], bytes] = {}
 
     @classmethod
     def of(cls, client: Any) -> Lean | None:
@@ -124,23 +123,7 @@ class Lean:
 
     def evalsha(self, sha: bytes, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """``EVALSHA sha len(keys) *keys *args``: the reply or error ``evalsha`` would give."""
-        count = len(keys)
-        head = self._heads.get((sha, count, len(args)))
-        if head is None:
-            head = self._head(sha, count, len(args))
-        parts = [head]
-        for value in (*keys, *args):
-            kind = type(value)  # exact types first: this runs a few times per call
-            if kind is str:
-                data = value.encode()
-            elif kind is bytes:
-                data = value
-            elif kind is int:
-                data = b"%d" % value
-            else:
-                data = _arg(value)
-            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-        packed = [b"".join(parts)]
+        packed = [pack(sha, keys, args)]
         pool = self._pool
         conn = pool.get_connection()
         try:
@@ -153,6 +136,30 @@ class Lean:
         finally:
             pool.release(conn)
 
+    def evalsha_many(self, packed: Sequence[bytes]) -> list[Any]:
+        """Several packed ``EVALSHA`` calls (:meth:`pack`) sent at once on one connection.
+
+        One reply each, in order; a reply that is an error (``NOSCRIPT``...) is
+        that error, in its place, as a pipeline's ``raise_on_error=False``
+        gives it. A connection error fails the whole call (retried as
+        :meth:`evalsha` is, with the client's ``Retry``).
+        """
+        pool = self._pool
+        conn = pool.get_connection()
+        try:
+            retry = conn.retry
+            if retry.get_retries():
+                return retry.call_with_retry(  # type: ignore[no-any-return]
+                    lambda: self._exchange_many(conn, packed), lambda _error: conn.disconnect()
+                )
+            return self._exchange_many(conn, packed)
+        finally:
+            pool.release(conn)
+
+    def pack(self, sha: bytes, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
+        """The bytes of ``EVALSHA sha len(keys) *keys *args`` on the wire (:func:`pack`)."""
+        return pack(sha, keys, args)
+
     @staticmethod
     def _exchange(conn: Any, packed: list[bytes]) -> Any:
         try:
@@ -164,15 +171,58 @@ class Lean:
             conn.disconnect()
             raise
 
-    def _head(self, sha: bytes, keys: int, args: int) -> bytes:
-        numkeys = b"%d" % keys
-        head = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
-            3 + keys + args,
-            len(sha),
-            sha,
-            len(numkeys),
-            numkeys,
-        )
-        if len(self._heads) < 64:  # a few scripts, a few key counts; refresh_many varies
-            self._heads[sha, keys, args] = head
-        return head
+    @staticmethod
+    def _exchange_many(conn: Any, packed: Sequence[bytes]) -> list[Any]:
+        from redis.exceptions import ResponseError
+
+        try:
+            conn.send_packed_command(list(packed))
+            replies: list[Any] = []
+            for _ in packed:
+                try:
+                    replies.append(conn.read_response())
+                except ResponseError as error:  # this call's reply: the stream is still in step
+                    replies.append(error)
+            return replies
+        except BaseException:
+            conn.disconnect()  # replies may be left unread: never back to the pool so
+            raise
+
+
+#: The fixed start of an ``EVALSHA``, per script, key count and argument count.
+_heads: dict[tuple[bytes, int, int], bytes] = {}
+
+
+def pack(sha: bytes, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
+    """The bytes of ``EVALSHA sha len(keys) *keys *args`` on the wire, as redis-py packs them."""
+    count = len(keys)
+    head = _heads.get((sha, count, len(args)))
+    if head is None:
+        head = _head(sha, count, len(args))
+    parts = [head]
+    for value in (*keys, *args):
+        kind = type(value)  # exact types first: this runs a few times per call
+        if kind is str:
+            data = value.encode()
+        elif kind is bytes:
+            data = value
+        elif kind is int:
+            data = b"%d" % value
+        else:
+            data = _arg(value)
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+def _head(sha: bytes, keys: int, args: int) -> bytes:
+    numkeys = b"%d" % keys
+    head = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
+        3 + keys + args,
+        len(sha),
+        sha,
+        len(numkeys),
+        numkeys,
+    )
+    if len(_heads) < 64:  # a few scripts, a few key counts; refresh_many varies
+        _heads[sha, keys, args] = head
+    return head

@@ -10,7 +10,7 @@ replicas confirmed in time is released by its token and fails with
 ``WAIT`` counts the writes of the connection it is sent on, so it must follow
 the script on the same connection: both are sent on one connection taken
 from the client's pool, the ``WAIT`` only once the script has granted. A
-refusal (the key held: reply 0; no fence: nil) wrote nothing, and its
+refusal (the key held: reply 0 or its holder's token; no fence: nil) wrote nothing, and its
 ``WAIT`` would only have waited, the whole timeout while a replica is down,
 for nothing; a grant costs one round trip to the master more than a
 pipeline of the two would. An ``acquire`` sent again that finds its own
@@ -179,7 +179,9 @@ def _script_then_wait(
             reply = conn.read_response()
         except ResponseError as error:  # NOSCRIPT, a redirect, OOM: the caller judges
             return error, 0
-        if not reply:  # refused (0), or no fence (nil): nothing written to wait for
+        if not reply or isinstance(reply, (bytes, str)):
+            # Refused (0, or the holder's token), or no fence (nil): nothing
+            # written to wait for.
             return reply, 0
         conn.send_command("WAIT", ack.count, ack.timeout_ms)
         return reply, int(conn.read_response())

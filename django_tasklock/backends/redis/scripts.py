@@ -1,7 +1,18 @@
 """The Lua scripts of the Redis backend: every decision is made inside one of them.
 
 Each runs atomically, by the Redis server's clock (``TIME``), so no worker's
-clock is ever consulted. The stored value is ``"<token>@<acquired_ms>"``.
+clock is ever consulted. The stored value is ``"<token>@<acquired_ms>"``; a
+lease its release cut to end at acquisition + ``min_hold`` is
+``"<token>@<acquired_ms>:released"``: still held until then, but never
+extended nor taken again by its token.
+
+A request may arrive late: redis-py gives a command up after its socket
+timeout and sends it again on a new connection, and the first copy can reach
+Redis after the second was answered, even after the release. So an
+acquisition finding its token's tombstone (its lease released) writes
+nothing, a refresh never extends a lease marked released, and a release
+finding its own tombstone answers that it ended the lease, whoever holds the
+key now.
 """
 
 from __future__ import annotations
@@ -10,18 +21,22 @@ from django_tasklock.backends.base import storage_key
 from django_tasklock.backends.redis.slots import tag_for
 
 PRELUDE = """
+local RELEASED_MARK = ':released'
 -- Lets Redis < 5 replicate writes made after the non-deterministic TIME.
 if redis.replicate_commands then redis.replicate_commands() end
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
--- token, acquired_ms of a value written here; nil for anything else.
+-- token, acquired_ms, released of a value written here; nil for anything else.
+-- released: the lease's release cut it to end at acquisition + min_hold.
 local function parse(value)
   if type(value) ~= 'string' then return nil end
   local token, ms = string.match(value, '^(.*)@(%d+)$')
+  if token then return token, tonumber(ms), false end
+  token, ms = string.match(value, '^(.*)@(%d+)' .. RELEASED_MARK .. '$')
   if not token then return nil end
-  return token, tonumber(ms)
+  return token, tonumber(ms), true
 end
 local function is_free(key, now, stale_ms)
   local pttl = redis.call('PTTL', key)
@@ -32,16 +47,16 @@ end
 """
 
 # Each script but "refresh_many" takes KEYS[1], the stored key ("fence" also
-# KEYS[2], the key's counter; "release" KEYS[2], its tombstone).
+# KEYS[2], the key's counter; "release" and "acquire" KEYS[2], the token's tombstone).
 #: Fence counters live outside the lock namespace (``task-lock:``), so that
 #: SCAN-based listing and sweeping never see them; they have no TTL.
 FENCE_PREFIX = "tasklock-fence:"
 #: Both carry a hash tag naming the lease's slot (see ``slots``).
 #: A release that ends a lease leaves ``tasklock-released:{<tag>}<key>@<token>`` for
-#: this long, so that the same release sent again (its reply lost) can tell
-#: its own deletion from a lease that expired or was force-released.
+#: the client's retry window (at least 60 s, see ``retries``), so that the same
+#: release sent again (its reply lost) can tell its own deletion from a lease that
+#: expired or was force-released, and a late acquisition by the token writes nothing.
 RELEASED_PREFIX = "tasklock-released:"
-RELEASED_MS = 60_000
 
 
 def fence_key(key: str) -> str:
@@ -55,11 +70,22 @@ def tombstone_key(key: str, token: str) -> str:
 
 
 SCRIPTS = {
-    # ARGV: token, lease_ms, stale_ms. 1 if acquired, also when the lease is
-    # already this token's (this script run again after its reply was lost):
-    # then its TTL is set again to what is left, a write, so that a WAIT sent
-    # after this run on its connection also covers the first run's write.
+    # KEYS[2] (none while the slot is half migrated: see ``backend``): the
+    # token's tombstone. ARGV: token, lease_ms, stale_ms, machine, gone.
+    # 1 if acquired, also
+    # when the lease is already this token's (this script run again after its
+    # reply was lost): then its TTL is set again to what is left, a write, so
+    # that a WAIT sent after this run on its connection also covers the first
+    # run's write. 0, writing nothing, if the token's lease was released (its
+    # tombstone, or the mark of a min_hold cut): this run arrived late, after
+    # its own re-send was answered, and nobody waits for its reply.
+    # Held by another token: 0, or that token when it names the caller's
+    # machine ("/<machine>." in it; "" for none), whose holder the caller can
+    # then look for. ``gone`` ("" for none): a token whose holder the caller
+    # found gone; its lease is taken over (never one cut for min_hold), and
+    # only while that token still holds the key.
     "acquire": """
+if KEYS[2] and redis.call('GET', KEYS[2]) == ARGV[1] then return 0 end
 local now = now_ms()
 local value = ARGV[1] .. '@' .. string.format('%.0f', now)
 if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then return 1 end
@@ -67,58 +93,69 @@ if is_free(KEYS[1], now, tonumber(ARGV[3])) then
   redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
   return 1
 end
-if parse(redis.pcall('GET', KEYS[1])) == ARGV[1] then
+local token, _, released = parse(redis.pcall('GET', KEYS[1]))
+if token == ARGV[1] and not released then
   redis.call('PEXPIRE', KEYS[1], math.max(1, redis.call('PTTL', KEYS[1])))
   return 1
 end
+if not token or released or token == '' then return 0 end
+if ARGV[5] and ARGV[5] == token then
+  redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+  return 1
+end
+if ARGV[4] and ARGV[4] ~= '' and string.find(token, ARGV[4], 1, true) then return token end
 return 0
 """,
-    # ARGV: token, ttl_ms, max_lifetime_ms. 0 if the lease is lost.
+    # ARGV: token, ttl_ms, max_lifetime_ms. 0 if the lease is lost, or released
+    # (cut to end at min_hold: never extended, by a refresh arriving late).
     "refresh": """
-local token, at = parse(redis.pcall('GET', KEYS[1]))
-if token ~= ARGV[1] then return 0 end
+local token, at, released = parse(redis.pcall('GET', KEYS[1]))
+if token ~= ARGV[1] or released then return 0 end
 local left = math.min(tonumber(ARGV[2]), at + tonumber(ARGV[3]) - now_ms())
 if left > 0 then redis.call('PEXPIRE', KEYS[1], left) end
 return 1
 """,
     # KEYS: many stored keys; ARGV: token, ttl_ms, max_lifetime_ms for each.
-    # One reply per key, as "refresh" would give.
+    # One answer per key, as "refresh" would give, as one character of one string
+    # ("1" or "0"): 500 answers parsed as one reply, not as 500.
     "refresh_many": """
 local now = now_ms()
 local out = {}
 for i, key in ipairs(KEYS) do
   local arg = (i - 1) * 3
-  local token, at = parse(redis.pcall('GET', key))
-  if token ~= ARGV[arg + 1] then
-    out[i] = 0
+  local token, at, released = parse(redis.pcall('GET', key))
+  if token ~= ARGV[arg + 1] or released then
+    out[i] = '0'
   else
     local left = math.min(tonumber(ARGV[arg + 2]), at + tonumber(ARGV[arg + 3]) - now)
     if left > 0 then redis.call('PEXPIRE', key, left) end
-    out[i] = 1
+    out[i] = '1'
   end
 end
-return out
+return table.concat(out)
 """,
     # KEYS[2]: this release's tombstone. ARGV: token, min_hold_ms (0: none),
     # tombstone_ms. 1 if ended (deleted, or cut to end at acquisition +
-    # min_hold while that is still ahead), leaving the tombstone; 0 if the key
-    # is someone else's; 2 if it is gone and the tombstone is there (this
-    # script run again after its reply was lost); 3 if it is gone otherwise
-    # (expired, force-released, evicted: a loss).
+    # min_hold while that is still ahead, marked released), leaving the
+    # tombstone; 2 if the lease is not there and the tombstone is (this script
+    # run again after its reply was lost), whoever holds the key now; else 0
+    # if the key is someone else's, 3 if it is gone (expired, force-released,
+    # evicted: a loss).
     "release": """
 local value = redis.pcall('GET', KEYS[1])  -- false: no such key (a read fewer than EXISTS)
-if value == false then
+local token, at, released = parse(value)
+if token ~= ARGV[1] then
   if redis.call('GET', KEYS[2]) == ARGV[1] then return 2 end
-  return 3
+  if value == false then return 3 end
+  return 0
 end
-local token, at = parse(value)
-if token ~= ARGV[1] then return 0 end
 local hold = tonumber(ARGV[2])
 local keep = tonumber(ARGV[3])
 if hold > 0 then
   local left = at + hold - now_ms()
   if left > 0 then
-    redis.call('PEXPIRE', KEYS[1], left)
+    if not released then value = value .. RELEASED_MARK end
+    redis.call('SET', KEYS[1], value, 'PX', left)
     redis.call('SET', KEYS[2], ARGV[1], 'PX', left + keep)
     return 1
   end
@@ -134,13 +171,14 @@ return 1
     "release_alone": """
 local value = redis.pcall('GET', KEYS[1])
 if value == false then return 3 end
-local token, at = parse(value)
+local token, at, released = parse(value)
 if token ~= ARGV[1] then return 0 end
 local hold = tonumber(ARGV[2])
 if hold > 0 then
   local left = at + hold - now_ms()
   if left > 0 then
-    redis.call('PEXPIRE', KEYS[1], left)
+    if not released then value = value .. RELEASED_MARK end
+    redis.call('SET', KEYS[1], value, 'PX', left)
     return 1
   end
 end
@@ -186,6 +224,21 @@ local value = redis.pcall('GET', KEYS[1])
 local token, at = parse(value)
 if not token then token = type(value) == 'string' and value or '' end
 return {token, at or now, redis.call('PTTL', KEYS[1]), now}
+""",
+    # ARGV: machine ("/<machine>."), stale_ms. The token of a live lease that
+    # names that machine and was not cut for min_hold, else nil: for the reaper.
+    "of_machine": """
+local token, _, released = parse(redis.pcall('GET', KEYS[1]))
+if not token or released or not string.find(token, ARGV[1], 1, true) then return nil end
+if is_free(KEYS[1], now_ms(), tonumber(ARGV[2])) then return nil end
+return token
+""",
+    # ARGV: a token whose holder the caller found gone. 1 if its lease was
+    # deleted: never a successor's, nor one cut for min_hold.
+    "reap": """
+local token, _, released = parse(redis.pcall('GET', KEYS[1]))
+if token ~= ARGV[1] or released then return 0 end
+return redis.call('DEL', KEYS[1])
 """,
     # ARGV: stale_ms, '1' to delete. 1 if the key is free (and now deleted).
     "clear": """

@@ -273,8 +273,8 @@ def client_from_url(url: str, setting: str = SETTING) -> redis.Redis | RedisClus
         for name, value in options.items()
         if name in SENTINEL_SHARED or name == "retry"
     }
-    sentinel = Sentinel(list(parsed.hosts), sentinel_kwargs=shared)  # type: ignore[no-untyped-call]
-    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(list(parsed.hosts), sentinel_kwargs=shared)  # type: ignore[no-untyped-call, unused-ignore]
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         parsed.service, **auth, **options
     )
     return client

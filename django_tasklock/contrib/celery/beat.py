@@ -1,6 +1,6 @@
 """Celery beat schedulers of which only the leader fires: run as many beats as you like.
 
-Every beat process campaigns for one :class:`~django_tasklock.leadership.Leadership`
+Every beat process campaigns for one :class:`~django_tasklock.api.leadership.Leadership`
 (key ``tasklock_beat_key``, default ``"celery-beat:<app name>"``). The leader
 ticks as Celery's scheduler would; a standby fires nothing and looks whether
 the key is free every ``tasklock_beat_retry_interval`` seconds.
@@ -21,7 +21,7 @@ from typing import Any
 
 from celery.beat import PersistentScheduler
 
-from django_tasklock.leadership import DEFAULT_RETRY_INTERVAL, DEFAULT_TTL, Leadership
+from django_tasklock.api.leadership import DEFAULT_RETRY_INTERVAL, DEFAULT_TTL, Leadership
 
 
 class LeaderMixin:

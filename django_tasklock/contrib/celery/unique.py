@@ -18,9 +18,9 @@ from celery import Task
 from celery.exceptions import Retry
 from celery.signals import task_revoked
 
+from django_tasklock.api.unique import claim, run_claimed, unclaim
 from django_tasklock.durations import Duration
-from django_tasklock.keys import KeyBuilder, KeySpec
-from django_tasklock.unique import claim, run_claimed, unclaim
+from django_tasklock.locking.keys import KeyBuilder, KeySpec
 
 #: The message header carrying ``[key, token]``.
 HEADER = "tasklock_unique"

@@ -14,10 +14,10 @@ from typing import Any, TextIO, TypeVar
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_tasklock import display
+from django_tasklock.api.service import TaskLockService
 from django_tasklock.backends.base import BaseBackend, HeldLock
-from django_tasklock.options import validate_key
-from django_tasklock.service import TaskLockService
+from django_tasklock.locking.options import validate_key
+from django_tasklock.ops import display
 
 T = TypeVar("T")
 
@@ -35,11 +35,23 @@ def _expires_by_itself(backend: BaseBackend) -> bool:
     return module is not None and isinstance(backend, module.RedisBackend)
 
 
-def _common_options(parser: argparse.ArgumentParser) -> None:
+#: What ``-v`` does to each subcommand's output: ``list`` prints what it was asked
+#: for at every level (its output is its answer; the exit status is not).
+VERBOSITY_HELP = {
+    "list": "0 and 1 = the locks, 2 and 3 = the locks, and the backend named on stderr",
+    "clearstale": "0 = silent, 1 = how many were removed, 2 and 3 = as 1, and the backend named",
+    "release": "0 = silent, 1 = who was released, 2 and 3 = as 1, and the backend named",
+}
+#: The KEY column of ``list`` keeps at most this many characters of a key (``--json``: all).
+KEY_WIDTH = 60
+
+
+def _common_options(parser: argparse.ArgumentParser, verbosity: str) -> None:
     """Django's common options, accepted after the subcommand too (``tasklock clearstale -v 0``).
 
     Their default is ``SUPPRESS``: an option not given here leaves the value the
     main parser gave it (from before the subcommand, or its default) alone.
+    ``verbosity``: what ``-v`` does to this subcommand (:data:`VERBOSITY_HELP`).
     """
     parser.add_argument(
         "-v",
@@ -47,7 +59,7 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         choices=[0, 1, 2, 3],
         default=argparse.SUPPRESS,
-        help="0 = silent, 1 = normal output, 2 = also name the backend, 3 = as 2",
+        help=verbosity,
     )
     parser.add_argument("--settings", default=argparse.SUPPRESS, help="settings module to use")
     parser.add_argument(
@@ -98,9 +110,14 @@ class Command(BaseCommand):
             dest="interactive",
             help="do not ask: release whoever holds KEY now (and say who it was)",
         )
+        release.add_argument(
+            "--missing-ok",
+            action="store_true",
+            help="KEY not held (or its lease ended before the release) is no error: exit 0",
+        )
 
-        for subparser in (listing, clearing, release):
-            _common_options(subparser)
+        for name, subparser in (("list", listing), ("clearstale", clearing), ("release", release)):
+            _common_options(subparser, VERBOSITY_HELP[name])
             # Django 4.2's subparsers don't inherit it: errors would raise, not print usage.
             subparser.called_from_command_line = parser.called_from_command_line
 
@@ -117,7 +134,11 @@ class Command(BaseCommand):
             self._clear_stale(backend, dry_run=options["dry_run"], verbosity=verbosity)
         else:
             self._release(
-                backend, options["key"], interactive=options["interactive"], verbosity=verbosity
+                backend,
+                options["key"],
+                interactive=options["interactive"],
+                verbosity=verbosity,
+                missing_ok=options["missing_ok"],
             )
 
     def confirm(self, question: str) -> bool:
@@ -169,13 +190,23 @@ class Command(BaseCommand):
             )
 
     def _release(
-        self, backend: BaseBackend, key: str, *, interactive: bool, verbosity: int
+        self,
+        backend: BaseBackend,
+        key: str,
+        *,
+        interactive: bool,
+        verbosity: int,
+        missing_ok: bool,
     ) -> None:
-        """Release the lease the prompt showed, and only it; with --noinput, the holder's now."""
+        """Release the lease the prompt showed, and only it; with --noinput, the holder's now.
+
+        With ``missing_ok`` a key found free (or a lease shown that ended before
+        the release) is no error: "release it if it is held", for scripts.
+        """
         if interactive:
             shown = self._call(lambda: backend.peek(key))
             if shown is None:
-                raise CommandError(f"{key!r} is not held.")
+                return self._not_held(key, missing_ok, verbosity)
             if not self.confirm(
                 f"Force-release {key!r}, held by {display.lease(shown)}? "
                 "Its holder keeps running and will find its lock lost."
@@ -183,26 +214,38 @@ class Command(BaseCommand):
                 raise CommandError("Release cancelled.")
             ended = self._call(lambda: backend.force_release(key, lease=shown.lease))
             if ended is None:
-                raise CommandError(self._not_released(backend, shown))
+                now = self._call(lambda: backend.peek(key))
+                if now is None and missing_ok:
+                    return self._not_held(key, missing_ok, verbosity)
+                raise CommandError(self._not_released(shown, now))
         else:
             ended = self._call(lambda: backend.force_release(key))
             if ended is None:
-                raise CommandError(f"{key!r} is not held.")
+                return self._not_held(key, missing_ok, verbosity)
         if verbosity >= 1:
-            released = f"Released {key!r} (was held by {ended.holder}, lease {ended.lease})."
+            released = (
+                f"Released {key!r} (was held by {display.holder(ended.holder)}, "
+                f"lease {ended.lease})."
+            )
             self.stdout.write(self.style.SUCCESS(released))
 
-    def _not_released(self, backend: BaseBackend, shown: HeldLock) -> str:
+    def _not_held(self, key: str, missing_ok: bool, verbosity: int) -> None:
+        """KEY was free: an error, or with ``--missing-ok`` a line saying nothing was held."""
+        if not missing_ok:
+            raise CommandError(f"{key!r} is not held.")
+        if verbosity >= 1:
+            self.stdout.write(f"{key!r} is not held: nothing to release.")
+
+    def _not_released(self, shown: HeldLock, now: HeldLock | None) -> str:
         """Why the lease shown was not released: it ended, or the key changed hands."""
-        now = self._call(lambda: backend.peek(shown.key))
         if now is None:
             return (
-                f"{shown.key!r} is not held: the lease shown (of {shown.holder}) "
+                f"{shown.key!r} is not held: the lease shown (of {display.holder(shown.holder)}) "
                 "ended in the meantime. Nothing was released."
             )
         return (
             f"{shown.key!r} changed hands since the prompt: it is held now by "
-            f"{display.lease(now)}, not by {shown.holder}. Nothing was released; "
+            f"{display.lease(now)}, not by {display.holder(shown.holder)}. Nothing was released; "
             "run the command again to release the new holder."
         )
 
@@ -216,12 +259,14 @@ class Command(BaseCommand):
             raise CommandError(f"The lock backend failed: {type(exc).__name__}: {exc}") from exc
 
     def _table(self, locks: list[HeldLock]) -> str:
+        """One line per lock: keys and hosts :func:`~django_tasklock.ops.display.printable`."""
         header = ["KEY", "HOST", "PID", "ACQUIRED", "EXPIRES", "HELD", "LEFT"]
         rows = [
             [
-                lock.key,
-                lock.holder.host,
-                str(lock.holder.pid) if lock.holder.pid is not None else "?",
+                display.shortened(display.printable(lock.key), KEY_WIDTH),
+                display.printable(lock.holder.host),
+                (str(lock.holder.pid) if lock.holder.pid is not None else "?")
+                + (f" ({display.GONE})" if display.gone(lock) else ""),
                 display.when(lock.acquired_at),
                 display.when(lock.expires_at),
                 display.duration(display.seconds_held(lock)),

@@ -17,6 +17,14 @@ def ready_backend(console: Console, keys: list[str]) -> BaseBackend:
     cls = type(backend)
     chosen = os.environ.get("TASKLOCK_BACKEND") or "unset, so database"
     console.say(f"Lock backend: {cls.__module__}.{cls.__qualname__} (TASKLOCK_BACKEND: {chosen})")
+    location = getattr(backend, "location", None)  # Redis: which server and database
+    if location is not None:
+        try:
+            console.say(f"Redis: {location()}")
+        except Exception as exc:
+            raise CommandError(
+                f"The lock backend cannot be reached: {type(exc).__name__}: {exc}"
+            ) from exc
     if not backend.capabilities.cross_process:
         raise CommandError(
             f"{cls.__qualname__} keeps locks inside one process, and this demo runs several. "

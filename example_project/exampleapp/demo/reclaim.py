@@ -1,7 +1,9 @@
-"""Scenario 2: the worker holding a lock dies by SIGKILL; its lease expires; another takes over.
+"""Scenario 2: the worker holding a lock dies by SIGKILL; another takes its key over.
 
-Nobody releases the dead worker's lock or cleans up: the lease simply stops
-being renewed and runs out, after at most ``ttl``.
+Nobody releases the dead worker's lock or cleans up. On Linux its token names
+what proves, on this machine, that its process is gone (``/proc``): the next
+attempt here takes the key over at once. Elsewhere (macOS, Windows) the lease
+simply stops being renewed and runs out, after at most ``ttl``.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def _crash_and_reclaim(console: Console, proc: subprocess.Popen[bytes], *, ttl: 
     killed_at = time.monotonic()
     proc.wait()
     console.say(f"SIGKILL sent to worker {proc.pid}: it releases nothing, its heartbeat stops.")
+    if held.holder.machine is not None:  # this machine can prove the worker gone
+        return _taken_over_at_once(console, proc, ttl=ttl, killed_at=killed_at)
 
     attempt = run_exclusive(KEY, _take_over, ttl=ttl)
     held, peeked_at = backend.peek(KEY), time.monotonic()
@@ -82,6 +86,30 @@ def _crash_and_reclaim(console: Console, proc: subprocess.Popen[bytes], *, ttl: 
         console.fail(f"Reclaimed {left - after:.2f} s before the dead worker's lease ended.")
         return False
     console.ok("The dead worker's lock was reclaimed when its lease expired, by itself.")
+    return True
+
+
+def _taken_over_at_once(
+    console: Console, proc: subprocess.Popen[bytes], *, ttl: float, killed_at: float
+) -> bool:
+    held = TaskLockService().backend.peek(KEY)
+    if held is None or held.holder.pid != proc.pid:
+        console.fail(f"{KEY!r} was not held by the dead worker right after the kill.")
+        return False
+    attempt = run_exclusive(KEY, _take_over, ttl=ttl)
+    if attempt.result is None:
+        console.fail(f"{KEY!r} was refused although its holder, worker {proc.pid}, is gone.")
+        return False
+    console.say(
+        f"Another attempt at once takes it over, {attempt.result - killed_at:.2f} s after "
+        f"the kill, though its lease had {held.seconds_left:.2f} s left: its holder's "
+        "process is gone, and this machine can prove it (no process has its pid)."
+    )
+    console.say(
+        "A worker on another machine cannot: for it, the key frees once the heartbeat of a "
+        "process here holding a lock reaps it, or when the lease runs out."
+    )
+    console.ok("The dead worker's lock was taken over at once, by itself.")
     return True
 
 

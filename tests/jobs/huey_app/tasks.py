@@ -1,4 +1,4 @@
-"""Huey tasks run by real ``run_huey`` consumers (djhuey) in tests/test_huey.py.
+"""Huey tasks run by real ``run_huey`` consumers (djhuey) in tests/frameworks/test_huey.py.
 
 Every task takes the test's folder of signal files first: the ``SIGNAL_LOCKED``
 handler writes ``<task id>.locked`` there, in the consumer, when a task was not
@@ -43,6 +43,13 @@ def hold_key(signals: str, key: str, job: str) -> str:
 def hold_briefly(signals: str, key: str, job: str) -> str:
     """The same with a 4 s lease, refreshed every 0.5 s while the consumer lives."""
     with lock_task(lock_name(key), ttl=4, refresh_interval=0.5):
+        return hold(job, signals)
+
+
+@db_task()
+def hold_for_long(signals: str, key: str, job: str) -> str:
+    """:func:`hold_key` with a 15 min lease: only a proof of death frees it sooner."""
+    with lock_task(lock_name(key), ttl=900):
         return hold(job, signals)
 
 

@@ -1,0 +1,607 @@
+"""The lock object everything else wraps: acquire (waiting if asked), hold, release.
+
+``run_exclusive``, ``arun_exclusive``, ``with lock``, ``async with lock`` (and
+the decorator) are thin layers over :class:`Lock`. Its async methods
+(:class:`AsyncLockMethods`: ``aacquire``, ``atry_acquire``, ``arelease`` and
+``async with``) run the same synchronous steps off the event loop, one thread
+at a time (``aio.off_loop``); only the pauses between looks at a held key are
+``asyncio.sleep``. A caller cancelled while an attempt is under way leaves the
+attempt to finish in its thread, and what it took is released (see
+:class:`Attempt`); a release, once started, completes even if its caller is
+cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, cast
+
+from django_tasklock.backends import get_backend
+from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
+from django_tasklock.backends.forksafe import ForkSafeLock
+from django_tasklock.exceptions import LockLost, LockNotAcquired
+from django_tasklock.leases import observe
+from django_tasklock.leases.heartbeat import heartbeat
+from django_tasklock.leases.lease import Lease, clock
+from django_tasklock.leases.releasing import discard, send_release
+from django_tasklock.leases.tokens import new_token, this_pid, this_process
+from django_tasklock.locking import loss
+from django_tasklock.locking.aio import keep, off_loop, refuse_event_loop
+from django_tasklock.locking.chosen import choose, remembered
+from django_tasklock.locking.options import LockOptions, check_lock_kwargs, validate_key
+from django_tasklock.locking.transactions import release_after_transactions
+from django_tasklock.locking.waiting import Backoff
+from django_tasklock.processes import holder_gone
+from django_tasklock.signals import lock_acquired
+
+if TYPE_CHECKING:
+    from contextvars import Token
+    from datetime import timedelta
+
+    from typing_extensions import Self, Unpack
+
+    from django_tasklock.leases.observe import Acquisition
+    from django_tasklock.locking.aio import LossCanceller
+    from django_tasklock.locking.options import LockKwargs
+
+logger = logging.getLogger("django_tasklock")
+
+
+class Attempt:
+    """One attempt run off the loop, and whether its caller still awaits it.
+
+    The caller, cancelled, gives the attempt up; the attempt, granted the key,
+    makes the grant the lock's (``held``). Both take one mutex, so exactly one
+    side sees to the release. Given up first, the attempt deletes its row
+    itself, in its thread: that needs no event loop, which may be closing
+    (``asyncio.run`` returning) while the attempt still waits for the storage.
+    Made the lock's first, the lock is held when the caller's
+    ``CancelledError`` is raised, and the caller's side releases it.
+
+    The lock object stays its :class:`Acquirer`'s until the attempt is
+    settled: dismissed by the attempt's thread when it ends given up, by the
+    caller when it gives up an attempt already ended, and, for an attempt
+    that never began (its task cancelled as the loop ended), by the caller's
+    callback on that task. A grant made the lock's is dismissed at its release.
+    """
+
+    def __init__(self, acquirer: Acquirer) -> None:
+        self._mutex = threading.Lock()
+        self.acquirer = acquirer
+        self.given_up = False
+        self._owned = False
+        self._began = False
+        self._ended = False
+
+    def give_up(self) -> tuple[bool, bool]:
+        """The caller was cancelled: (the grant is the lock's already: release it, the
+        attempt has ended: nothing will dismiss the acquirer but the caller)."""
+        with self._mutex:
+            self.given_up = True
+            return self._owned, self._ended
+
+    def begin(self) -> bool:
+        """In the attempt's thread, before anything: False if given up already (do nothing)."""
+        with self._mutex:
+            if self.given_up:
+                self._ended = True
+                return False
+            self._began = True
+            return True
+
+    def end(self) -> bool:
+        """In the attempt's thread, when it is over: True if given up meanwhile."""
+        with self._mutex:
+            self._ended = True
+            return self.given_up
+
+    def never_began(self) -> bool:
+        """Its task is done (on the loop): True if the attempt never began (nor will)."""
+        with self._mutex:
+            if self._began or self._ended:
+                return False
+            self._ended = True  # begin() will find it given up and do nothing
+            return True
+
+    def own(self, hold: Callable[[], None]) -> bool:
+        """In the attempt's thread, granted: ``hold()`` unless given up; False if given up."""
+        with self._mutex:
+            if self.given_up:
+                return False
+            hold()
+            self._owned = True
+            return True
+
+
+class Acquirer:
+    """One acquisition of a lock object: the object's, from the acquisition's start
+    until it ends without a grant or its grant is released (see :meth:`Lock._admit`).
+
+    A second acquisition of the same object meanwhile is refused. ``pid``: an
+    acquirer copied into a forked child, by a thread that is not there, is stale.
+    """
+
+    __slots__ = ("handed_on", "pid")
+
+    def __init__(self) -> None:
+        self.pid = this_pid()
+        #: Dismissed by the attempt given up (see :class:`Attempt`), not by the caller.
+        self.handed_on = False
+
+
+#: Guards every lock object's acquirer: held for a test and a store, never across a call.
+_admitting = ForkSafeLock()
+
+
+class AsyncLockMethods(loss.ActsOnLoss):
+    """The async methods :class:`Lock` inherits, with acting on a loss."""
+
+    wait: timedelta
+    fence: int | None
+    #: The async attempt under way in this lock's thread (None: a sync acquisition).
+    _attempt: Attempt | None = None
+
+    if TYPE_CHECKING:  # the synchronous steps, defined by Lock
+
+        def _ready(self) -> BaseBackend: ...
+
+        def _try_once(
+            self, backend: BaseBackend, look_first: bool
+        ) -> tuple[bool, float | None]: ...
+
+        def release(self) -> None: ...
+
+        def _admit(self) -> Acquirer: ...
+
+        def _dismiss(self, acquirer: Acquirer | None = None) -> None: ...
+
+    async def aacquire(self) -> Self:
+        """:meth:`acquire` without blocking the event loop."""
+        self._no_cancel_on_loss()
+        if not await self._atry_acquire():
+            raise LockNotAcquired(self.key, self.wait or None)
+        return self
+
+    async def atry_acquire(self) -> bool:
+        """:meth:`try_acquire` without blocking the event loop.
+
+        Cancelling the awaiting task while an attempt is under way lets the
+        attempt finish in its thread and releases what it took.
+        """
+        self._no_cancel_on_loss()
+        return await self._atry_acquire()
+
+    async def _atry_acquire(self) -> bool:
+        acquirer = self._admit()
+        try:
+            backend = self._ready()
+            if observe.observer is None:
+                return await self._atake(backend, None, acquirer)
+            with observe.observer.acquiring(cast("Lock", self), backend) as seen:
+                return seen.granted(await self._atake(backend, seen, acquirer))
+        finally:
+            if not self._held and not acquirer.handed_on:
+                self._dismiss(acquirer)
+
+    async def _atake(
+        self, backend: BaseBackend, seen: Acquisition | None, acquirer: Acquirer
+    ) -> bool:
+        backoff = Backoff(self.wait)
+        look_first = False
+        while True:
+            attempt = Attempt(acquirer)
+            # Kept (aio.keep): it finishes, and is waited for, whatever becomes of us.
+            running = keep(off_loop(self._attempt_once)(backend, look_first, attempt))
+            try:
+                acquired, seconds_left = await asyncio.shield(running)
+            except asyncio.CancelledError:
+                owned, ended = attempt.give_up()
+                if owned:  # granted as the cancellation landed: its release dismisses us
+                    keep(self._undo(running, self._lease))
+                elif not ended:  # dismissed once the attempt is settled (see Attempt)
+                    acquirer.handed_on = True
+                    running.add_done_callback(functools.partial(self._never_began, attempt))
+                raise
+            if acquired:
+                return True
+            pause = backoff.next_pause(seconds_left)
+            if pause is None:
+                return False
+            if seen is not None and not look_first:
+                seen.waiting()
+            await asyncio.sleep(pause)
+            look_first = True
+
+    async def arelease(self) -> None:
+        """:meth:`release` off the event loop; it completes even if the caller is cancelled.
+
+        Queued behind a release of the same grant that has not started yet (one
+        whose caller was cancelled), this one does nothing; once that release
+        has begun, the lock is no longer held and this raises ``RuntimeError``.
+        """
+        if self._lease is None or not self._held:
+            raise RuntimeError(f"task lock {self.key!r} is not held")
+        await asyncio.shield(keep(off_loop(self._release_if_held)(self._lease)))
+
+    async def __aenter__(self) -> Self:
+        if not await self._atry_acquire():
+            raise LockNotAcquired(self.key, self.wait or None)
+        self.enter_body()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stopped = self.leave_body(exc)
+        lease = self._lease  # this acquisition's: once released, the object may be another's
+        await self.arelease()
+        found_by_release = self.cancel_on_loss and lease is not None and lease.lost
+        if stopped is None and exc is None and found_by_release:
+            # Only the release found the loss: the result was made without the lock.
+            assert lease is not None
+            stopped = LockLost(self.key, lease.reason)
+        if stopped is not None:
+            raise stopped from exc
+
+    def _attempt_once(
+        self, backend: BaseBackend, look_first: bool, attempt: Attempt
+    ) -> tuple[bool, float | None]:
+        """``_try_once`` in the lock's thread, for ``attempt`` (see :class:`Attempt`)."""
+        if not attempt.begin():
+            # Its caller was cancelled before it began: nothing asked.
+            self._dismiss(attempt.acquirer)
+            return False, None
+        self._attempt = attempt
+        try:
+            return self._try_once(backend, look_first)
+        finally:
+            self._attempt = None
+            if attempt.end() and not self._held:
+                self._dismiss(attempt.acquirer)  # given up, and nothing of it is held
+
+    def _never_began(self, attempt: Attempt, task: object) -> None:
+        """On the loop, once the task of a given-up attempt is done (see :class:`Attempt`)."""
+        if attempt.never_began():
+            self._dismiss(attempt.acquirer)
+
+    def _own(self, lease: Lease, fence: int | None) -> bool:
+        """Make a grant this lock's (``held``); False if its async caller gave the attempt up."""
+        attempt = self._attempt
+        if attempt is None:
+            self._hold(lease, fence)
+            return True
+        return attempt.own(lambda: self._hold(lease, fence))
+
+    def _hold(self, lease: Lease, fence: int | None) -> None:
+        self._lease, self._held, self.fence = lease, True, fence
+
+    async def _undo(
+        self, attempt: asyncio.Future[tuple[bool, float | None]], lease: Lease | None
+    ) -> None:
+        """Release the grant an attempt made the lock's as its caller was cancelled.
+
+        The caller's own clean-up (``if lock.held: await lock.arelease()``)
+        sees the grant too: whichever comes second finds the lease released
+        and does nothing.
+        """
+        await asyncio.wait([attempt])  # its end (heartbeat, signal), not its outcome
+        await off_loop(self._release_if_held)(lease)
+
+    def _release_if_held(self, lease: Lease | None) -> None:
+        # Run where every step of this lock runs (``off_loop``: one thread at a
+        # time), so the check and the release are never interleaved with
+        # another release; ``lease`` is the grant the abandoned attempt made the lock's.
+        if self._held and self._lease is lease:
+            self.release()
+
+
+class Lock(AsyncLockMethods):
+    """A lease lock on one key: ``with``, ``async with``, or ``acquire()``/``release()``.
+
+    Made by :meth:`TaskLockService.lock` (or ``django_tasklock.lock``); every
+    option is validated here, before anything is written. A Lock object
+    holds the key at most once at a time and may be acquired again after it
+    is released (each time with a new token). It has one acquirer at a time:
+    from the start of an acquisition until it ends without a grant or its
+    grant is released, another acquisition of the same object (another
+    thread's or task's, or the holder's own) raises ``RuntimeError`` before
+    any storage call. Threads or tasks that take the key each make a Lock.
+
+    While held: ``holder`` is who holds it (this host and pid), ``lost``
+    turns True if the lease is lost (expired, taken over, force-released,
+    ``max_lifetime`` passed), and ``fence`` is the grant's fencing token when
+    ``fencing=True``. Acting on a loss: ``raise_if_lost()``, ``lost_event``,
+    ``wait_lost()``, ``progress()`` (see :class:`~django_tasklock.locking.loss.ActsOnLoss`),
+    and ``cancel_on_loss=True`` for ``async with``.
+    """
+
+    def __init__(
+        self, key: str, *, backend: BaseBackend | None = None, **options: Unpack[LockKwargs]
+    ) -> None:
+        chosen = remembered(options)  # the same options as an earlier lock's: valid
+        if chosen is None:
+            check_lock_kwargs(options)
+            self.key = validate_key(key)
+            chosen = choose(options)
+        else:
+            self.key = validate_key(key)
+        #: What telemetry calls this lock (``name=``; ``@exclusive``: its key template).
+        self.name = chosen.name
+        self.options: LockOptions = chosen.options
+        self.wait = chosen.wait
+        self.min_hold = chosen.min_hold
+        self.fencing = chosen.fencing
+        self.cancel_on_loss = chosen.cancel_on_loss
+        self.progress_timeout = chosen.progress_timeout
+        #: The grant's fencing token (``fencing=True``), strictly increasing per key.
+        self.fence: int | None = None
+        self._backend = backend
+        self._lease: Lease | None = None
+        self._held = False
+        #: The holder seen by the last look at the key that found it held (see skipped).
+        self.seen: HeldLock | None = None
+        self._context: Token[loss.Holding | None] | None = None
+        self._canceller: LossCanceller | None = None
+        #: The acquisition under way, or holding the key, through this object.
+        self._acquirer: Acquirer | None = None
+
+    def __repr__(self) -> str:
+        return f"<Lock {self.key!r} {'held' if self._held else 'not held'}>"
+
+    @property
+    def backend(self) -> BaseBackend:
+        """The backend given, else the one ``TASKLOCK_BACKEND`` names now."""
+        return self._backend if self._backend is not None else get_backend()
+
+    @property
+    def held(self) -> bool:
+        """True from acquisition to release (even if the lease was lost meanwhile)."""
+        return self._held
+
+    @property
+    def holder(self) -> Holder | None:
+        """This host and pid once acquired (kept after release), else None."""
+        return self._lease.holder if self._lease is not None else None
+
+    @property
+    def lost(self) -> bool:
+        """True from the lease's local deadline on, or once a refresh or the release
+        found it gone or someone else's (a release sent twice that finds its own
+        lease gone, before it could have run out, is no loss); see ``Lease.lost``.
+        No storage call."""
+        return self._lease is not None and self._lease.lost
+
+    # -- sync ------------------------------------------------------------------
+
+    def acquire(self) -> Lock:
+        """Take the key, waiting up to ``wait``; return this lock.
+
+        Raises:
+            LockNotAcquired: another holder kept the key all along.
+            Exception: the storage's own error when it cannot be reached (never
+                "not acquired").
+        """
+        if not self.try_acquire():
+            raise LockNotAcquired(self.key, self.wait or None)
+        return self
+
+    def try_acquire(self) -> bool:
+        """Like :meth:`acquire`, but False instead of ``LockNotAcquired``."""
+        self._no_cancel_on_loss()
+        refuse_event_loop(self.key, "with lock / acquire()", "async with lock / aacquire()")
+        acquirer = self._admit()
+        try:
+            backend = self._ready()
+            if observe.observer is None:
+                return self._take(backend, None)
+            with observe.observer.acquiring(self, backend) as seen:
+                return seen.granted(self._take(backend, seen))
+        finally:
+            if not self._held:  # ended without a grant (or its grant undone)
+                self._dismiss(acquirer)
+
+    def _take(self, backend: BaseBackend, seen: Acquisition | None) -> bool:
+        if not self.wait:  # one try, as a Backoff of no time would allow
+            self.seen = None  # see _try_once
+            return self._grant(backend)
+        backoff = Backoff(self.wait)
+        look_first = False
+        while True:
+            acquired, seconds_left = self._try_once(backend, look_first)
+            if acquired:
+                return True
+            pause = backoff.next_pause(seconds_left)
+            if pause is None:
+                return False
+            if seen is not None and not look_first:
+                seen.waiting()
+            time.sleep(pause)
+            look_first = True
+
+    def release(self) -> None:
+        """Let go of the key (with ``min_hold``: not before acquisition + ``min_hold``).
+
+        Inside the caller's ``transaction.atomic()`` the lease is kept (and
+        refreshed) until that transaction commits or rolls back, so the next
+        holder sees the work's effects. A failed release is logged and the
+        lease left to expire; finding the key someone else's, or the lease
+        gone, marks it ``lost`` — unless the backend answers that the release
+        was sent twice (its reply lost) and found its own lease gone, and
+        it was sent before the lease could have run out. Never raises for the
+        storage's sake. Raises ``RuntimeError`` if this lock is not held.
+        """
+        lease = self._lease
+        if lease is None or not self._held:
+            raise RuntimeError(f"task lock {self.key!r} is not held")
+        self._held = False
+        try:
+            self._end(lease)
+        finally:
+            self._dismiss()
+
+    def __enter__(self) -> Lock:
+        self.acquire()
+        self._context = loss.enter(self, stop=False)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        loss.leave(self._context)
+        self._context = None
+        self.release()
+
+    # -- the steps -------------------------------------------------------------
+
+    def _admit(self) -> Acquirer:
+        """Make this object one acquisition's, or raise ``RuntimeError`` if it has one.
+
+        Atomic (one mutex for every lock object, held for a test and a store):
+        of two threads or tasks acquiring the same object at once, one goes on
+        and the other is refused before it asks the storage anything. An
+        acquisition a forked child inherited from a thread of its parent's,
+        which is not there, is stale, unless its grant is held (then, as
+        before, the object is held).
+        """
+        acquirer = Acquirer()
+        with _admitting:
+            current = self._acquirer
+            if current is None or (current.pid != acquirer.pid and not self._held):
+                if current is not None:
+                    self._attempt = None  # the parent's, in a thread not copied here
+                self._acquirer = acquirer
+                return acquirer
+            state = "held" if self._held else "being acquired or released"
+        raise RuntimeError(
+            f"task lock {self.key!r} is already {state} through this Lock object (by this "
+            f"or another thread or task): a Lock object has one acquirer at a time, so make "
+            f"one lock(...) per acquirer, e.g. inside the function each thread or task runs, "
+            f"and acquire an object again only after its release"
+        )
+
+    def _dismiss(self, acquirer: Acquirer | None = None) -> None:
+        """``acquirer`` (default: whichever the object has) is done with the object."""
+        with _admitting:
+            if acquirer is None or self._acquirer is acquirer:
+                self._acquirer = None
+
+    def _ready(self) -> BaseBackend:
+        backend = self.backend
+        if self.fencing and type(backend).fence is BaseBackend.fence:
+            raise NotImplementedError(
+                f"fencing=True needs a backend with fencing tokens; "
+                f"{type(backend).__name__} has none"
+            )
+        return backend
+
+    def _try_once(self, backend: BaseBackend, look_first: bool) -> tuple[bool, float | None]:
+        """One look at the key: (acquired, seconds the holder's lease has left if seen).
+
+        A waiter reads before it writes: while the key is held, polling costs
+        one read and no failed INSERT (which PostgreSQL would log as an error).
+        """
+        if look_first:
+            held = backend.peek(self.key)
+            if held is not None and not _taken_over(backend, held):
+                self.seen = held
+                return False, held.seconds_left
+        self.seen = None  # an insert that fails says nothing of who holds the key
+        return self._grant(backend), None
+
+    def _new_token(self) -> str:
+        """The token of the next grant (a subclass may hand over one issued before)."""
+        return new_token()
+
+    def _ask(self, backend: BaseBackend, lease: Lease) -> bool:
+        """Ask the storage for ``lease`` (not yet granted); True when granted."""
+        return backend.acquire(
+            self.key, lease.token, ttl=self.options.ttl, max_lifetime=self.options.max_lifetime
+        )
+
+    def _grant(self, backend: BaseBackend) -> bool:
+        token = self._new_token()
+        lease = Lease(
+            backend,
+            self.key,
+            token,
+            this_process(),
+            self.options,
+            asked_at=clock(),
+            progress_timeout=self.progress_timeout,
+        )
+        # The token exists before the request goes out: interrupted before we
+        # learn whether the lease was granted (KeyboardInterrupt), or failing
+        # to fence it, we release by the token, which deletes nothing if the
+        # lease was not granted.
+        try:
+            granted = self._ask(backend, lease)
+            fence = backend.fence(self.key, token) if granted and self.fencing else None
+        except BaseException:
+            discard(backend, self.key, token)
+            raise
+        if not granted:
+            return False
+        if self.fencing and fence is None:
+            # Expired before it was fenced: not a grant. Clear our row if left.
+            discard(backend, self.key, token)
+            return False
+        if not self._own(lease, fence):
+            # Its async caller was cancelled and gave the attempt up: not a grant.
+            discard(backend, self.key, token)
+            return False
+        try:
+            heartbeat().add(lease)
+            if lock_acquired.receivers:
+                lease.announce(lock_acquired)
+        except BaseException:
+            # Whatever stops us here (KeyboardInterrupt, a receiver's
+            # SystemExit) must not leave the key held until the ttl runs out.
+            self._held = False
+            self._end(lease)
+            raise
+        return True
+
+    def _end(self, lease: Lease) -> None:
+        if lease.pid != this_pid():
+            return  # a forked child leaving the work: the lease is its parent's
+        if release_after_transactions(lease, self._release_now):
+            return  # held until the caller's transaction ends
+        self._release_now(lease)
+
+    def _release_now(self, lease: Lease) -> None:
+        try:
+            # With min_hold, a refresh under way must land before the release.
+            heartbeat().remove(lease, wait=self.min_hold is not None)
+        finally:  # even interrupted here, the lease is released
+            send_release(lease, self.min_hold)
+            if observe.observer is not None:
+                observe.observer.released(lease)
+
+
+def _taken_over(backend: BaseBackend, held: HeldLock) -> bool:
+    """Whether ``backend``'s ``acquire`` takes over ``held`` now: its holder is gone."""
+    return backend.capabilities.dead_holders and holder_gone(held.holder) is True
+
+
+def current_lock() -> Lock | None:
+    """The lock the running code holds: of the innermost ``@exclusive``, ``with lock``,
+    ``async with lock``, ``run_exclusive`` or ``arun_exclusive`` around it, else None.
+
+    Kept in a context variable, so it follows the code into ``await``\\ ed
+    coroutines and ``asgiref``'s ``sync_to_async``, and is not seen by other
+    threads or asyncio tasks (a task created inside copies it, like any
+    context variable).
+    """
+    return cast("Lock | None", loss.current())

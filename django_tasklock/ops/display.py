@@ -1,0 +1,156 @@
+"""Held locks as operators see them, shared by ``manage.py tasklock`` and the admin page."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from django_tasklock.backends.base import HeldLock, Holder
+from django_tasklock.processes import holder_gone
+
+
+def utc(moment: datetime) -> datetime:
+    """``moment`` as an aware UTC datetime (a naive one, from ``USE_TZ = False``, is UTC)."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc)
+
+
+def fence(lock: HeldLock) -> int | None:
+    """The lease's fence number, for backends that record one; else None."""
+    value = getattr(lock, "fence", None)
+    return value if isinstance(value, int) else None
+
+
+def has_fences(locks: list[HeldLock]) -> bool:
+    return any(fence(lock) is not None for lock in locks)
+
+
+def seconds_held(lock: HeldLock) -> float:
+    """How long the lease has been held, by the storage's clock.
+
+    The time of reading is ``expires_at - seconds_left`` (both by the storage's
+    clock at that reading), so the worker's clock plays no part: held = that
+    moment - ``acquired_at``. Never negative.
+    """
+    read_at = utc(lock.expires_at) - timedelta(seconds=lock.seconds_left)
+    return max(0.0, (read_at - utc(lock.acquired_at)).total_seconds())
+
+
+def gone(lock: HeldLock) -> bool | None:
+    """Whether the lease's holder process is gone: True, False, or None when this
+    process cannot tell (another machine or container, an older version's token).
+
+    A lease whose holder is gone is taken over by the next acquisition on the
+    holder's machine, and reaped by the heartbeat of any process there that
+    holds a lease; from elsewhere it ends by its ttl.
+    """
+    return holder_gone(lock.holder)
+
+
+GONE = "holder process gone"
+
+
+def as_json(lock: HeldLock) -> dict[str, Any]:
+    """One lock as a JSON object; times in ISO 8601, UTC, with their offset.
+
+    ``holder_gone``: :func:`gone` (null when it cannot be told from here).
+    """
+    row: dict[str, Any] = {
+        "key": lock.key,
+        "host": lock.holder.host,
+        "pid": lock.holder.pid,
+        "acquired_at": utc(lock.acquired_at).isoformat(),
+        "expires_at": utc(lock.expires_at).isoformat(),
+        "seconds_held": round(seconds_held(lock), 3),
+        "seconds_left": round(lock.seconds_left, 3),
+        "holder_gone": gone(lock),
+    }
+    if fence(lock) is not None:
+        row["fence"] = fence(lock)
+    return row
+
+
+def printable(text: str) -> str:
+    """``text`` for a terminal: on one line, with nothing in it a terminal would act on.
+
+    A key or a holder's host is anything a caller (or another tool writing in the
+    namespace) stored: raw, an ESC or a BEL would drive the terminal, a CR or an
+    LF would print a forged row, a bidi override would reorder the row. Every
+    character Python does not count as printable (``str.isprintable``: C0 and C1
+    controls, DEL, format characters such as the bidi overrides and isolates,
+    separators but the space) is escaped as ``repr`` escapes it (``\\x1b``,
+    ``\\n``, ``\\u202e``), and so is the backslash (``\\\\``), so that two
+    texts are never shown alike. Printable text, the usual case, comes back as it is.
+    """
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(
+        char if char.isprintable() and char != "\\" else repr(char)[1:-1] for char in text
+    )
+
+
+def holder(who: Holder) -> str:
+    """``host:pid`` of a holder, its host :func:`printable`."""
+    return printable(str(who))
+
+
+def when(moment: datetime, *, zone: bool = True) -> str:
+    """A time to the second, in UTC, for tables: ``2026-11-30 12:45:01 UTC``.
+
+    ``zone=False`` leaves out `` UTC``, for columns whose header says it.
+    """
+    return utc(moment).strftime("%Y-%m-%d %H:%M:%S UTC" if zone else "%Y-%m-%d %H:%M:%S")
+
+
+def lease(lock: HeldLock) -> str:
+    """Which lease, for prompts and messages: holder, acquisition time and lease name.
+
+    Never the token: :attr:`HeldLock.lease` is a digest of it. The host is
+    :func:`printable`.
+    """
+    return (
+        f"{holder(lock.holder)} since {when(lock.acquired_at)} "
+        f"(lease {lock.lease}, held {duration(seconds_held(lock))}, "
+        f"{duration(lock.seconds_left)} left)"
+    )
+
+
+def duration(seconds: float) -> str:
+    """``4.2 s`` under a minute, then ``14 min 58 s``, then ``2 h 03 min``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
+def shortened(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, its end replaced by ``…`` when it was longer.
+
+    For a table's column: a full key is in ``--json``, and on the admin page.
+    """
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def storage(backend: object) -> str:
+    """Where ``backend`` keeps its locks, in words for operators.
+
+    ``the database "default" (PostgreSQL)``, ``Redis (127.0.0.1:6379, db 0)``,
+    ``this process's memory``; another backend by its class's name.
+    """
+    using = getattr(backend, "using", None)
+    if isinstance(using, str):  # the database backend
+        from django.db import connections
+
+        return f"the database {using!r} ({connections[using].display_name})"
+    location = getattr(backend, "location", None)
+    if callable(location):  # Redis
+        try:
+            return f"Redis ({location()})"
+        except Exception:
+            return "Redis"
+    if type(backend).__name__ == "MemoryBackend":
+        return "this process's memory"
+    return f"the {type(backend).__qualname__} backend"

@@ -1,0 +1,1 @@
+"""The README and the docs are true: their commands, their figures, the example project."""

@@ -1,0 +1,1 @@
+"""Lost and doubled replies, pauses, suspends, kills, skewed clocks, failovers, volume."""

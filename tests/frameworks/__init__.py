@@ -1,0 +1,1 @@
+"""Each task framework and scheduler with real worker processes."""

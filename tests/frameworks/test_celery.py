@@ -1,0 +1,125 @@
+"""@exclusive under Celery's @shared_task, run by a real ``celery worker`` (two pool processes).
+
+The broker is RabbitMQ (``TASKLOCK_TEST_AMQP_URL``), results come back over it
+(``rpc://``), and the lock lives in the test's SQLite database file, which the
+worker's processes share.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from django_tasklock.backends.database import DatabaseBackend
+from tests.jobs import wait_for
+from tests.support import framework_runs, processes, services
+
+pytestmark = pytest.mark.databases
+
+AMQP_ENV = "TASKLOCK_TEST_AMQP_URL"
+
+
+def amqp_url() -> str:
+    url = os.environ.get(AMQP_ENV)
+    if not url:
+        reason = (
+            f"RabbitMQ not available: set {AMQP_ENV} (e.g. amqp://guest:guest@127.0.0.1:5672//)"
+        )
+        if services.IN_CI:
+            pytest.fail(f"CI=true and {reason}")
+        pytest.skip(reason)
+    return url
+
+
+@pytest.fixture(scope="module")
+def celery_tasks(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The tasks module, with a prefork worker (two processes) serving a queue of its own."""
+    processes.require_module("celery")
+    url = amqp_url()
+    queue = f"tasklock-tests-{uuid.uuid4().hex[:8]}"
+    os.environ["TASKLOCK_TEST_AMQP_URL"] = url
+    os.environ["TASKLOCK_TEST_CELERY_QUEUE"] = queue
+    from tests.jobs import celery_tasks
+
+    celery_tasks.app.conf.update(broker_url=url, task_default_queue=queue)
+    assert celery_tasks.queue == queue
+    env = {
+        "DJANGO_SETTINGS_MODULE": "tests.jobs.settings",
+        "TASKLOCK_TEST_SQLITE": str(connections["default"].settings_dict["NAME"]),
+        "TASKLOCK_TEST_AMQP_URL": url,
+        "TASKLOCK_TEST_CELERY_QUEUE": queue,
+    }
+    args = [
+        "celery", "-A", "tests.jobs.celery_tasks", "worker", "--pool=prefork",
+        "--concurrency=2", "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "--loglevel=WARNING", f"--hostname={queue}@%h",
+    ]  # fmt: skip
+    log = tmp_path_factory.mktemp("celery") / "worker.log"
+    with processes.worker(args, env, log):
+        assert celery_tasks.ping.delay().get(timeout=60) == "pong"
+        yield celery_tasks
+        celery_tasks.app.control.purge()
+
+
+@pytest.fixture
+def signals(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def test_overlapping_deliveries_of_one_key_run_once(celery_tasks: Any, signals: Path) -> None:
+    first = celery_tasks.hold_key.delay("same", "first", str(signals))
+    wait_for(signals / "first.holding")
+    second = celery_tasks.hold_key.delay("same", "second", str(signals))
+    assert second.get(timeout=60) is None  # skipped while "first" holds the key
+    assert not (signals / "second.holding").exists()
+    (signals / "first.release").touch()
+    assert first.get(timeout=60) == "ran:first"
+
+
+def test_different_keys_run_at_the_same_time(celery_tasks: Any, signals: Path) -> None:
+    one = celery_tasks.hold_key.delay("one", "one", str(signals))
+    two = celery_tasks.hold_key.delay("two", "two", str(signals))
+    # Both hold their keys at once: neither waited for the other.
+    wait_for(signals / "one.holding")
+    wait_for(signals / "two.holding")
+    (signals / "one.release").touch()
+    (signals / "two.release").touch()
+    assert (one.get(timeout=60), two.get(timeout=60)) == ("ran:one", "ran:two")
+
+
+def test_two_worker_processes_fifty_overlapping_tasks_of_one_key_never_overlap(
+    celery_tasks: Any, signals: Path
+) -> None:
+    results = [celery_tasks.record.delay("volume", str(signals), 0.05) for _ in range(50)]
+    runs = framework_runs.await_runs(signals, 50)
+    framework_runs.assert_one_at_a_time(runs, 50)  # the workers: the pool's two processes
+    assert sorted(result.get(timeout=60) for result in results) == sorted(
+        ["ran"] * len(runs.ran_by) + ["skipped"] * len(runs.skipped_by)
+    )
+
+
+def test_after_release_the_key_runs_again(celery_tasks: Any, signals: Path) -> None:
+    (signals / "again.release").touch()
+    assert celery_tasks.hold_key.delay("again", "again", str(signals)).get(timeout=60) == (
+        "ran:again"
+    )
+    assert celery_tasks.hold_key.delay("again", "again", str(signals)).get(timeout=60) == (
+        "ran:again"
+    )
+
+
+def test_a_lost_lock_becomes_a_retry(celery_tasks: Any, signals: Path) -> None:
+    result = celery_tasks.retry_when_lost.delay("lost", "lost", str(signals))
+    wait_for(signals / "lost.0.holding")
+    # An operator's force release: the worker's heartbeat finds the lease gone,
+    # the next checkpoint() raises LockLost, and the task asks to be retried.
+    assert DatabaseBackend(using="default").force_release("celery:lost")
+    wait_for(signals / "lost.1.holding")  # the retry holds the key again
+    (signals / "lost.release").touch()
+    assert result.get(timeout=60) == "ran:lost:attempt 1"

@@ -1,0 +1,1 @@
+"""A held lease: deadlines, the heartbeat's batches and ticks, where signals run, tokens."""

@@ -1,0 +1,288 @@
+"""One definition of lost, judged by the clock, watched at all times.
+
+A lease is lost at its local deadline: when its last confirmed refresh (or
+its acquisition) was sent, plus ``ttl``; or its acquisition plus
+``max_lifetime``, whichever comes first. These tests hold every backend to
+it (the memory backend where the case has no storage fault in it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from django_tasklock.api.service import TaskLockService, new_token
+from django_tasklock.backends.base import Refresh
+from django_tasklock.backends.memory import MemoryBackend
+from django_tasklock.leases.lease import clock
+from django_tasklock.locking.lock import Lock
+from django_tasklock.signals import lock_lost
+from django_tasklock.testing import ContractBackend
+from tests.support.wrapped import Wrapped
+
+#: How late a declaration may come on this shared, loaded 2-core machine. The
+#: declarations themselves take a few milliseconds (see the table in docs/guarantees.md):
+#: the rest is a thread waiting for its turn on a busy CPU.
+SLACK = 0.25
+
+
+class Losses:
+    """``lock_lost`` as received: (key, reason, when), for one test's keys."""
+
+    def __init__(self, *keys: str) -> None:
+        self.keys = set(keys)
+        self.sent: list[tuple[str, Any, float]] = []
+
+    def __call__(self, sender: object, key: str, **kwargs: Any) -> None:
+        if key in self.keys:
+            self.sent.append((key, kwargs.get("reason"), clock()))
+
+    def wait(self, count: int = 1, timeout: float = 5.0) -> None:
+        end = clock() + timeout
+        while len(self.sent) < count and clock() < end:
+            time.sleep(0.005)
+
+
+@pytest.fixture
+def losses(key: str) -> Iterator[Losses]:
+    recorder = Losses(key, f"{key}-other")
+    lock_lost.connect(recorder, weak=False)
+    yield recorder
+    lock_lost.disconnect(recorder)
+
+
+def _declared(lock: Lock) -> list[float]:
+    """When ``lock``'s loss is declared (set by the declaring thread)."""
+    declared: list[float] = []
+    assert lock._lease is not None
+    lock._lease.on_loss(lambda lease: declared.append(clock()))
+    return declared
+
+
+def _wait_lost(lock: Lock, timeout: float, declared: list[float] | None = None) -> None:
+    """Until ``lock`` is lost (and, given ``declared``, its loss callbacks have run:
+    ``lost`` turns True just before the declaring thread runs them)."""
+    end = clock() + timeout
+    while (not lock.lost or declared == []) and clock() < end:
+        time.sleep(0.005)
+
+
+# -- 1. max_lifetime is a loss ------------------------------------------------
+
+
+def test_passing_max_lifetime_is_a_loss(
+    any_backend: ContractBackend, key: str, losses: Losses
+) -> None:
+    life = 1.0
+    service = TaskLockService(any_backend.backend)
+    with service.lock(key, ttl=0.6, refresh_interval=0.15, max_lifetime=life) as lock:
+        declared = _declared(lock)
+        acquired = clock()
+        time.sleep(life - 0.3)
+        assert not lock.lost
+        _wait_lost(lock, 1.5, declared)
+        assert lock.lost, "max_lifetime passed silently"
+        assert lock._lease is not None
+        assert lock._lease.reason == "max_lifetime"
+        assert declared
+        assert declared[0] - acquired <= life + SLACK
+        # The storage ended the lease too: another holder gets the key. The storage's
+        # end may come a moment after the local declaration (which is never later),
+        # so it is waited for, within a bound, not for a fixed 0.1 s as before (which
+        # a loaded machine outlasted).
+        other, bound = new_token(), clock() + 4.0
+        while not any_backend.backend.acquire(
+            key, other, ttl=timedelta(seconds=5), max_lifetime=timedelta(hours=1)
+        ):
+            assert clock() < bound, "the storage did not cap the lease at max_lifetime"
+            time.sleep(0.02)
+    losses.wait()
+    assert [(k, reason) for k, reason, _ in losses.sent] == [(key, "max_lifetime")]
+
+
+# -- 2. a refresh that fails fast is declared by the deadline ---------------------
+
+
+def test_a_refresh_that_fails_fast_is_declared_by_the_deadline(
+    any_backend: ContractBackend, key: str, losses: Losses
+) -> None:
+    # Refreshes go to a storage that refuses connections (fails at once): the
+    # next attempt is long after the deadline, which must be watched meanwhile.
+    if any_backend.unreachable is None:
+        pytest.skip(f"{any_backend.name}: no storage to refuse connections")
+    backend = Wrapped(any_backend.backend, refresh_to=any_backend.unreachable())
+    ttl = 1.0
+    with TaskLockService(backend).lock(key, ttl=ttl, refresh_interval=0.8) as lock:
+        declared = _declared(lock)
+        acquired = clock()
+        _wait_lost(lock, 2 * ttl, declared)
+        assert lock.lost
+        assert declared, "lost, but the loss callbacks never ran"
+        assert declared[0] - acquired <= ttl + SLACK, declared[0] - acquired
+        assert lock._lease is not None
+        assert lock._lease.reason == "expired"
+    losses.wait()
+    assert [(k, reason) for k, reason, _ in losses.sent] == [(key, "expired")]
+
+
+# -- 3. receivers and log handlers never stall the heartbeat -----------------------
+
+
+class _SlowHandler(logging.Handler):
+    def __init__(self, key: str, seconds: float) -> None:
+        super().__init__(logging.WARNING)
+        self.key, self.seconds = key, seconds
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.key in record.getMessage():
+            time.sleep(self.seconds)
+
+
+def test_a_slow_receiver_or_log_handler_stalls_no_other_lease(
+    any_backend: ContractBackend, key: str
+) -> None:
+    # Lease A is force-released; its loss's receiver and log handler each take
+    # a while. Lease B (ttl 0.5 s) must go on being refreshed meanwhile.
+    block = 1.0
+    other = f"{key}-other"
+    backend = any_backend.backend
+    receiving, received = threading.Event(), threading.Event()
+
+    def slow_receiver(sender: object, key: str, **kwargs: Any) -> None:
+        if key == other:
+            receiving.set()
+            time.sleep(block)
+            received.set()
+
+    handler = _SlowHandler(repr(other), block)
+    logger = logging.getLogger("django_tasklock")
+    logger.addHandler(handler)
+    lock_lost.connect(slow_receiver, weak=False)
+    service = TaskLockService(backend)
+    try:
+        with (
+            service.lock(key, ttl=0.5, refresh_interval=0.1) as b,
+            service.lock(other, ttl=30, refresh_interval=0.1) as a,
+        ):
+            backend.force_release(other)
+            _wait_lost(a, 2)
+            assert a.lost
+            # The log handler takes its while, then the receiver its own.
+            assert receiving.wait(3 * block)
+            time.sleep(0.8 * block)
+            assert not received.is_set()
+            assert not b.lost
+            held = backend.peek(key)
+            assert held is not None, "lease B expired while a receiver ran"
+    finally:
+        received.wait(3 * block)
+        lock_lost.disconnect(slow_receiver)
+        logger.removeHandler(handler)
+    assert not b.lost
+
+
+# -- 4. a lease granted late: one rule ---------------------------------------------
+
+
+class _Staller(MemoryBackend):
+    """A storage whose refreshes take ``STALL`` seconds once ``stall`` is set."""
+
+    STALL = 1.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stall = threading.Event()
+        self.stuck = threading.Event()
+
+    def refresh_many(self, items: Sequence[Refresh]) -> list[bool]:
+        if self.stall.is_set():
+            self.stuck.set()
+            time.sleep(self.STALL)
+        return super().refresh_many(items)
+
+
+def test_a_lease_granted_after_its_ttl_is_judged_the_same_way_every_time(
+    any_backend: ContractBackend, key: str, losses: Losses
+) -> None:
+    # The acquisition's request takes longer than the ttl on its way: the
+    # lease is born past its local deadline (acquisition sent + ttl), so it
+    # is lost at once, whether the heartbeat is idle or waiting on a storage.
+    ttl = 0.3
+    backend = Wrapped(any_backend.backend)
+    backend.acquire_delay = ttl + 0.1
+    staller = _Staller()
+    for heartbeat in ("idle", "busy"):
+        name = f"{key}-{heartbeat}"
+        losses.keys.add(name)
+        with TaskLockService(staller).lock(f"stuck-{key}", ttl=30, refresh_interval=0.05):
+            if heartbeat == "busy":
+                staller.stall.set()
+                assert staller.stuck.wait(2)
+            lock = TaskLockService(backend).lock(name, ttl=ttl, refresh_interval=0.1)
+            with lock:
+                assert lock.lost, f"a late grant with the heartbeat {heartbeat} was not lost"
+                assert lock._lease is not None
+                assert lock._lease.reason == "expired"
+                time.sleep(0.3)
+                assert lock.lost
+            staller.stall.clear()
+    losses.wait(2)
+    assert sorted((k, reason) for k, reason, _ in losses.sent) == [
+        (f"{key}-busy", "expired"),
+        (f"{key}-idle", "expired"),
+    ]
+
+
+# -- 5. min_hold is never overtaken by a refresh in flight ------------------------
+
+
+def test_min_hold_is_not_overtaken_by_a_refresh_in_flight(
+    any_backend: ContractBackend, key: str
+) -> None:
+    min_hold = timedelta(milliseconds=50)
+    service = TaskLockService(any_backend.backend)
+    keys = [f"{key}-{n}" for n in range(200)]
+
+    def run(share: list[str]) -> None:
+        try:
+            for n, name in enumerate(share):
+                with service.lock(name, ttl=5, refresh_interval=0.005, min_hold=min_hold):
+                    time.sleep((n % 10) / 1000)
+        finally:
+            connections.close_all()  # this thread's own
+
+    # Four workers at once: the same 200 releases, in a quarter of the time.
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(run, [keys[n::4] for n in range(4)]))
+    time.sleep(0.5)  # every min_hold long over; a refresh that landed late would hold 5 s
+    held = [name for name in keys if any_backend.backend.peek(name) is not None]
+    assert len(held) == 0, f"{len(held)} of 200 keys still held past min_hold"
+
+
+# -- threads ----------------------------------------------------------------------
+
+
+def test_a_hundred_locks_add_no_thread() -> None:
+    service = TaskLockService(MemoryBackend())
+    service.run_exclusive("warm-up", lambda: time.sleep(0.05), ttl=0.2)
+    before = {t.name for t in threading.enumerate()}
+    locks = [service.lock(f"many-{n}", ttl=0.3, refresh_interval=0.1) for n in range(100)]
+    for lock in locks:
+        lock.acquire()
+    try:
+        time.sleep(0.4)  # refreshed, watched
+        ours = [t.name for t in threading.enumerate() if t.name.startswith("django-tasklock")]
+        assert sorted(set(ours)) == sorted(ours), ours  # one of each at most
+        assert len(ours) <= 3, ours  # heartbeat, deadline watcher, notifier
+        assert {t.name for t in threading.enumerate()} - before <= set(ours)
+    finally:
+        for lock in locks:
+            lock.release()

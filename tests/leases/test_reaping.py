@@ -1,0 +1,43 @@
+"""The heartbeat's reaping of dead holders: when it runs, and a reap that fails.
+
+What it ends, with real processes, is in ``test_dead_holders.py`` and the
+contract's ``cases_dead``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from django_tasklock.backends.database import DatabaseBackend
+from django_tasklock.leases.lease import clock
+from django_tasklock.leases.reaping import REAP_INTERVAL, Reaper
+from django_tasklock.processes import this_machine
+
+
+def test_a_reap_that_fails_is_said_once_until_one_works_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Best effort: unreaped, a dead holder's lease still ends by its ttl."""
+    if this_machine() is None:
+        pytest.skip("no /proc here: nothing is reaped")
+    broken = DatabaseBackend(using="no-such-database")  # ImproperlyConfigured, for real
+    reaper = Reaper()
+    with caplog.at_level(logging.DEBUG, logger="django_tasklock"):
+        reaper.reap([broken])
+        reaper.reap([broken])
+    said = [r.levelno for r in caplog.records if "Reaping" in r.getMessage()]
+    assert said == [logging.INFO, logging.DEBUG]
+    assert reaper.due_at >= clock() + REAP_INTERVAL - 1
+
+
+@pytest.mark.databases
+def test_the_next_reap_is_an_interval_away(caplog: pytest.LogCaptureFixture) -> None:
+    if this_machine() is None:
+        pytest.skip("no /proc here: nothing is reaped")
+    reaper = Reaper()
+    before = clock()
+    reaper.reap([DatabaseBackend(using="default")])
+    assert reaper.due_at >= before + REAP_INTERVAL
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO]

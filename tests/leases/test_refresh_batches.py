@@ -1,0 +1,103 @@
+"""The heartbeat's batch is built once while its leases stay the same, and again when they change.
+
+Ten thousand leases refreshed every second must not be turned into rows and
+JSON again at every tick: the heartbeat passes ``refresh_many`` the same
+tuple while no lease joins or leaves, and the database backend keeps what it
+built from it. A lease released or taken in between must still change the
+next refresh, on every database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+import pytest
+
+from django_tasklock.backends.base import Refresh
+from django_tasklock.backends.database import DatabaseBackend
+from django_tasklock.locking.lock import Lock
+from django_tasklock.testing.support import wait_until
+from tests.conftest import DATABASE_ALIASES, require_service
+
+pytestmark = pytest.mark.databases
+
+TTL, INTERVAL = 3.0, 0.1
+
+
+class Recording(DatabaseBackend):
+    """The database backend, keeping each ``refresh_many`` argument and answer."""
+
+    def __init__(self, using: str) -> None:
+        super().__init__(using=using)
+        self.calls: list[tuple[Sequence[Refresh], list[bool]]] = []
+
+    def refresh_many(self, items: Sequence[Refresh]) -> list[bool]:
+        answers = super().refresh_many(items)
+        self.calls.append((items, answers))
+        return answers
+
+
+@pytest.fixture(params=["default", "postgres", "mariadb"], ids=["sqlite", "postgres", "mariadb"])
+def alias(request: pytest.FixtureRequest) -> str:
+    if request.param not in DATABASE_ALIASES:
+        require_service(request.param)
+    return str(request.param)
+
+
+def _ticks_after(backend: Recording, count: int) -> list[tuple[Sequence[Refresh], list[bool]]]:
+    seen = len(backend.calls)
+    wait_until(lambda: len(backend.calls) >= seen + count, timeout=20)
+    return backend.calls[seen:]
+
+
+def test_the_batch_is_reused_until_a_lease_leaves_or_joins(alias: str, key: str) -> None:
+    backend = Recording(alias)
+    locks = [
+        Lock(f"{key}-{n}", backend=backend, ttl=TTL, refresh_interval=INTERVAL) for n in range(3)
+    ]
+    for lock in locks:
+        lock.acquire()
+    try:
+        # Leases acquired a tick apart (a loaded machine) may first tick apart,
+        # then join: two ticks of all three in a row, then the same tuple.
+        everyone = {lock.key for lock in locks}
+        wait_until(
+            lambda: (
+                len(backend.calls) >= 2
+                and all({item.key for item in c[0]} == everyone for c in backend.calls[-2:])
+            ),
+            timeout=20,
+        )
+        first, second = backend.calls[-2:]
+        assert second[0] is first[0]  # the same tuple: nothing rebuilt
+        assert backend._batch is not None
+        assert backend._batch.items is second[0]
+        assert {item.key for item in second[0]} == {lock.key for lock in locks}
+        locks[0].release()
+        joined = Lock(f"{key}-new", backend=backend, ttl=TTL, refresh_interval=INTERVAL)
+        joined.acquire()
+        locks[0] = joined
+        # The newcomer may tick alone first; then all three again, in one new tuple.
+        wait_until(
+            lambda: {item.key for item in backend.calls[-1][0]} == {lock.key for lock in locks},
+            timeout=20,
+        )
+        items, answers = _ticks_after(backend, 1)[-1]
+        assert {item.key for item in items} == {lock.key for lock in locks}
+        assert answers == [True] * len(items)  # each still held, the newcomer included
+        assert items is not first[0]
+        assert not any(lock.lost for lock in locks)
+    finally:
+        for lock in locks:
+            if lock.held:
+                lock.release()
+
+
+def test_a_list_is_never_kept(alias: str, key: str) -> None:
+    backend = DatabaseBackend(using=alias)
+    refresh = Refresh(key, "host:1:nobody", timedelta(seconds=30), timedelta(hours=1))
+    assert backend.refresh_many([refresh]) == [False]
+    assert backend._batch is None
+    assert backend.refresh_many((refresh,)) == [False]
+    assert backend._batch is not None

@@ -1,0 +1,1 @@
+"""One lock: options, keys, waiting, transactions, acting on a loss, the fast path."""

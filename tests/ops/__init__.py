@@ -1,0 +1,1 @@
+"""What operators see: the admin page, manage.py tasklock, system checks, health, telemetry."""

@@ -1,0 +1,202 @@
+"""A private Redis Cluster for the tests: 3 masters and 3 replicas on free loopback ports.
+
+Started once per test run (the ``redis_cluster`` session fixture in
+``conftest.py``), from the Debian ``redis-server`` and ``redis-cli``, every
+file in a temporary directory; stopped and removed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django_tasklock.backends.base import storage_key
+from django_tasklock.testing import BackendRecipe, ContractBackend
+from tests.support.servers import require_binary, wait_for_port
+
+MASTERS = 3
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_node_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too, both below 65536."""
+    while True:
+        port = random.randrange(20000, 40000)
+        if _bindable(port) and _bindable(port + 10000):
+            return port
+
+
+class PrivateCluster:
+    """Six ``redis-server --cluster-enabled yes``, joined by ``redis-cli --cluster create``."""
+
+    def __init__(self) -> None:
+        self.server = require_binary(shutil.which("redis-server"), "redis-server")
+        self.cli = require_binary(shutil.which("redis-cli"), "redis-cli")
+        self.dir = Path(tempfile.mkdtemp(prefix="tasklock-cluster-"))
+        self.ports = [_free_node_port() for _ in range(2 * MASTERS)]
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        self._nodes: dict[int, Any] = {}
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports[:2])
+
+    def start_node(self, port: int) -> None:
+        node_dir = self.dir / str(port)
+        node_dir.mkdir(exist_ok=True)
+        with open(node_dir / "log", "ab") as log:
+            self.processes[port] = subprocess.Popen(
+                [self.server, "--port", str(port), "--bind", "127.0.0.1",
+                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                 "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
+                 "--repl-diskless-sync-delay", "0",
+                 "--dir", str(node_dir), *self.node_options(port)],
+                stdout=log, stderr=log,
+            )  # fmt: skip
+        wait_for_port(port)
+
+    def node_options(self, port: int) -> list[str]:
+        """More ``redis-server`` options for the node on ``port``, after (and over) these."""
+        return []
+
+    def start(self) -> None:
+        for port in self.ports:
+            self.start_node(port)
+        nodes = [f"127.0.0.1:{port}" for port in self.ports]
+        subprocess.run(
+            [self.cli, "--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.wait_until_ok()
+
+    def node(self, port: int) -> Any:
+        """A plain client of the node on ``port`` (one per node, closed by :meth:`stop`)."""
+        import redis
+
+        if port not in self._nodes:
+            self._nodes[port] = redis.Redis(port=port, socket_timeout=10)
+        return self._nodes[port]
+
+    def wait_until_ok(self, timeout: float = 60) -> None:
+        """Until every node says ``cluster_state:ok``, every master has a replica in sync,
+        and every node knows the others."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                infos = [self.node(port).cluster("info") for port in self.processes]
+                states = {info["cluster_state"] for info in infos}
+                replicas = sum(
+                    self.node(p).info("replication").get("master_link_status") == "up"
+                    for p in self.processes
+                )
+                # Every node knows every other, connected, and which are replicas of whom
+                # (a manual failover asks the master over the cluster bus).
+                views = [self.node(p).cluster("nodes") for p in self.processes]
+                agreed = all(
+                    len(view) == len(self.processes)
+                    and all(
+                        node["connected"] or "myself" in node["flags"] for node in view.values()
+                    )
+                    and sum("slave" in node["flags"] for node in view.values()) == MASTERS
+                    for view in views
+                )
+                if states == {"ok"} and replicas == MASTERS and agreed:
+                    return
+            except Exception:  # a node still starting
+                pass
+            if time.monotonic() > end:
+                raise TimeoutError(f"the cluster in {self.dir} is not ok after {timeout} s")
+            time.sleep(0.2)
+
+    def client(self) -> Any:
+        from redis.cluster import ClusterNode, RedisCluster
+
+        nodes = [ClusterNode("127.0.0.1", p) for p in self.ports]  # type: ignore[no-untyped-call]
+        return RedisCluster(startup_nodes=nodes)
+
+    def slots_of(self, port: int) -> set[int]:
+        """The slots the master on ``port`` serves, as it says itself."""
+        owned: set[int] = set()
+        for start, end, *nodes in self.node(port).execute_command("CLUSTER SLOTS"):
+            if int(nodes[0][1]) == port:
+                owned.update(range(int(start), int(end) + 1))
+        return owned
+
+    def masters(self) -> list[int]:
+        return [p for p in self.processes if self.node(p).role()[0] in (b"master", "master")]
+
+    def stop(self) -> None:
+        for client in self._nodes.values():
+            client.close()
+        for process in self.processes.values():
+            process.kill()
+        for process in self.processes.values():
+            process.wait(10)
+        self.processes.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def cluster_contract_backend(cluster: PrivateCluster, namespace: str) -> Iterator[ContractBackend]:
+    """The Redis backend on ``cluster`` through a ``redis+cluster://`` URL, for the contract."""
+    from django_tasklock.backends.redis import RedisBackend
+    from django_tasklock.backends.redis.scripts import RELEASED_PREFIX
+    from tests.conftest import skewed_worker
+
+    client = cluster.client()
+
+    def plant(stored: str, value: str, created_ago: timedelta, expires_in: timedelta) -> None:
+        seconds, micros = client.get_node_from_key(stored).redis_connection.time()
+        acquired_ms = seconds * 1000 + micros // 1000 - int(created_ago.total_seconds() * 1000)
+        client.set(stored, f"{value}@{acquired_ms}", px=int(expires_in.total_seconds() * 1000))
+
+    def written() -> set[str]:
+        return {k.decode() for k in client.scan_iter(match=f"*{namespace}*")}
+
+    recipe = BackendRecipe(
+        backend="django_tasklock.backends.redis.RedisBackend",
+        kwargs={"url": cluster.url},
+        settings={"INSTALLED_APPS": ["django_tasklock"]},
+    )
+    yield ContractBackend(
+        name="redis-cluster",
+        backend=RedisBackend(url=cluster.url),
+        recipe=recipe,
+        plant=plant,
+        put_foreign=lambda stored: client.set(stored, "not a lock"),
+        # A release's tombstone is no lease: it outlives the lease by design.
+        stored_keys=lambda: {k for k in written() if not k.startswith(RELEASED_PREFIX)},
+        unreachable=lambda: RedisBackend(url="redis+cluster://127.0.0.1:1"),
+        skew_worker_clock=skewed_worker(recipe),
+    )
+    for stored in written():
+        client.delete(stored)
+    client.close()
+
+
+def one_key_per_master(client: Any, key: str) -> dict[int, str]:
+    """A key (``key:<n>``) whose lease lives on each of three masters, by the master's port."""
+    found: dict[int, str] = {}
+    for i in range(1000):
+        name = f"{key}:{i}"
+        found.setdefault(client.get_node_from_key(storage_key(name)).port, name)
+        if len(found) == 3:
+            return found
+    raise AssertionError("three masters, but keys reach fewer")

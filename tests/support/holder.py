@@ -1,0 +1,30 @@
+"""A process that holds a lock until it finds it lost (started with ``spawn``).
+
+Kept apart from the test modules so that the child imports nothing that needs
+Django set up before :meth:`BackendRecipe.build` has configured it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from multiprocessing.connection import Connection
+
+from django_tasklock.testing.workers import BackendRecipe
+
+
+def hold_until_lost(recipe: BackendRecipe, key: str, conn: Connection) -> None:
+    """Hold ``key`` until the heartbeat finds the lease gone; report ``result.lost``."""
+    from django_tasklock.api.service import TaskLockService
+    from django_tasklock.signals import lock_lost
+
+    service = TaskLockService(recipe.build())
+    lost = threading.Event()
+    lock_lost.connect(lambda **kwargs: lost.set(), weak=False)
+
+    def work() -> None:
+        conn.send(("acquired", os.getpid()))
+        lost.wait(120)
+
+    result = service.run_exclusive(key, work, ttl=30, refresh_interval=0.5)
+    conn.send(("finished", result.lost))
