@@ -78,12 +78,19 @@ def test_locks_work_through_sentinel_and_survive_a_failover_or_say_they_did_not(
         new_master = redis.Redis(port=sentinel.replica.port)
         seen["value"] = new_master.get(storage_key(key))
         if seen["value"] is None:
-            # The old master may confirm refreshes until Sentinel demotes it, and
-            # none reaches the new one: the holder is then told at its local
-            # deadline, one ttl after its last confirmed refresh at the latest.
+            # The old master confirms refreshes until Sentinel demotes it (it
+            # reconfigures a deposed master that still claims the role some
+            # seconds after the failover), and none reaches the new one: the
+            # holder is told one ttl after the demotion at the latest, when a
+            # refresh answered READONLY sends the client to the new master.
             lock = current_lock()
             assert lock is not None
-            told = time.monotonic() + 3 + 1  # the ttl, and a second for a loaded machine
+            old_master = redis.Redis(port=sentinel.master.port)
+            demoted = time.monotonic() + 60
+            while old_master.info("replication")["role"] != "slave":
+                assert time.monotonic() < demoted, "Sentinel never demoted the old master"
+                time.sleep(0.1)
+            told = time.monotonic() + 3 + 2  # the ttl, and two seconds for a loaded machine
             while not lock.lost and time.monotonic() < told:
                 time.sleep(0.05)
 
