@@ -55,8 +55,14 @@ def celery_worker(
 
     def send(name: str, *args: Any) -> None:
         # A connection to this broker: the app's pool may hold one to an earlier test's.
+        # The queue itself, not its name: the module, imported by an earlier test of this
+        # process, knows only that test's queue, and a name it does not know is declared
+        # durable (the worker's non-durable declaration then fails on RabbitMQ).
         with app.connection_for_write(broker) as connection:
-            getattr(celery_redelivery, name).apply_async(args, connection=connection, queue=queue)
+            task = getattr(celery_redelivery, name)
+            task.apply_async(
+                args, connection=connection, queue=celery_redelivery.work_queue(queue)
+            )
 
     args = [
         "celery", "-A", "tests.jobs.celery_redelivery", "worker", "--pool=prefork",

@@ -26,10 +26,19 @@ if not apps.ready:  # in the worker; the test process has set Django up already
     django.setup()
 
 app = Celery("tasklock_redelivery", broker=os.environ.get("TASKLOCK_TEST_BROKER", "memory://"))
+
+
+def work_queue(name: str) -> Queue:
+    """The queue a test's worker consumes and its messages are sent to: declared alike by
+    both sides (a name alone is declared durable by the sender, and RabbitMQ then refuses
+    the worker's declaration)."""
+    return Queue(name, durable=False, auto_delete=True)
+
+
 queue = os.environ.get("TASKLOCK_TEST_CELERY_QUEUE", "tasklock-redelivery")
 app.conf.update(
     task_default_queue=queue,
-    task_queues=[Queue(queue, durable=False, auto_delete=True)],
+    task_queues=[work_queue(queue)],
     broker_transport_options=json.loads(os.environ.get("TASKLOCK_TEST_BROKER_OPTIONS", "{}")),
     worker_hijack_root_logger=False,
     worker_prefetch_multiplier=1,
