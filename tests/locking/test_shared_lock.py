@@ -386,6 +386,14 @@ def test_a_grant_that_arrived_as_its_acquisition_was_cancelled_is_released_then_
     assert backend.list() == []
 
 
+def sleeping(task: asyncio.Task[Any]) -> bool:
+    """``task`` is suspended in ``asyncio.sleep`` (its innermost coroutine), nowhere else."""
+    coroutine: Any = task.get_coro()
+    while asyncio.iscoroutine(getattr(coroutine, "cr_await", None)):
+        coroutine = coroutine.cr_await
+    return bool(coroutine.cr_code.co_name == "sleep")
+
+
 def test_a_cancelled_wait_between_attempts_frees_the_object_at_once() -> None:
     backend = Watched(MemoryBackend())
     shared = TaskLockService(backend).lock("waiting", ttl=30, wait=6 * PATIENCE)
@@ -394,6 +402,13 @@ def test_a_cancelled_wait_between_attempts_frees_the_object_at_once() -> None:
     async def main() -> None:
         task = asyncio.create_task(shared.aacquire())
         await asyncio.to_thread(backend.wait_for, lambda: backend.calls(call="peek"))
+        # The peek is noted as it is asked: its attempt may still run in its thread
+        # (a cancellation then keeps the object until it ends, as the case above
+        # shows). Cancel once the task sleeps between two attempts.
+        end = time.monotonic() + PATIENCE
+        while not sleeping(task):
+            assert time.monotonic() < end, "the waiter never slept between attempts"
+            await asyncio.sleep(0.001)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
