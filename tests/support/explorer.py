@@ -270,6 +270,7 @@ class Token:
     tombstone_at: float | None = None  # by real time (Redis)
     ended_by_other: str | None = None
     writes_until: float = 0.0  # the latest end an arrived acquisition or refresh may give
+    last_write: str = "acquire"  # the last call of the token that reached the storage
 
 
 class World:
@@ -417,11 +418,12 @@ class World:
     def _arrived(self, token: str, what: str) -> None:
         """A write of ``token`` reached the storage: the end it may give the lease."""
         state = self.tokens[token]
+        state.last_write = what
         tombstone = state.tombstone_at
         refused = tombstone is not None and time.monotonic() - tombstone < TOMBSTONE - SLACK
-        if what == "acquire" and self.redis and refused:
+        if what.endswith("acquire") and self.redis and refused:
             return  # the tombstone refuses it (docs/protocol.md, "Tombstoned")
-        ttl = min(state.ttl, state.max_lifetime) if what == "acquire" else state.ttl
+        ttl = min(state.ttl, state.max_lifetime) if what.endswith("acquire") else state.ttl
         state.writes_until = max(state.writes_until, self.now() + ttl)
 
     def _released(self, token: str, answer: Released, min_hold: float | None) -> None:
@@ -602,15 +604,18 @@ class World:
             self.note(f"late {what} of {token[-6:]} arrives: {error!r}")
             return
         if token and what != "fence" and what != "release":
-            self._arrived(token, "acquire" if what == "acquire" else "refresh")
+            self._arrived(token, "late acquire" if what == "acquire" else "late refresh")
         self.note(f"late {what} of {token[-6:]} arrives")
 
     # -- the model -----------------------------------------------------------
 
-    def fail(self, kind: str, message: str) -> None:
-        """A violation of ``kind`` (one of :data:`KINDS`): raised, unless ignored."""
+    def fail(self, kind: str, message: str, cause: str | None = None) -> None:
+        """A violation of ``kind`` (one of :data:`KINDS`): raised, unless ignored.
+
+        ``cause``: what wrote the lease last, where that tells two defects apart.
+        """
         if self.on_violation is not None:
-            self.on_violation(kind, message)
+            self.on_violation(kind if cause is None else f"{kind} ({cause})", message)
         if kind in self.ignore:
             self.note(f"ignored violation ({kind}): {message}")
             return
@@ -662,6 +667,7 @@ class World:
                         "min_hold",
                         f"{key}: a lease cut by its min_hold release ({state.min_hold:.0f} s) "
                         f"now ends {held_for:.1f} s after its acquisition ({token[-6:]})",
+                        state.last_write,
                     )
                 continue
             if after + seen.seconds_left > state.writes_until + SLACK:
@@ -670,4 +676,5 @@ class World:
                     f"{key}: a lease nobody holds ({token[-6:]}) lasts "
                     f"{seen.seconds_left:.1f} s more, beyond its bound "
                     f"({state.writes_until - after:.1f} s)",
+                    state.last_write,
                 )
