@@ -14,7 +14,7 @@ re-send may be answered only after other workers acted. After every
 operation the history is checked against the model of
 ``tests/support/explorer.py``, which follows ``docs/protocol.md``.
 
-Sizes: the CI size below (a few hundred operations per backend); the long
+Sizes: the CI size below (40 schedules of 50 operations per backend); the long
 size with ``TASKLOCK_EXPLORER_LONG=<operations per backend>`` (for example
 100000), marked ``slow``. A run prints its seed; replay it with
 ``TASKLOCK_EXPLORER_SEED=<seed>``, or a shrunk counterexample with
