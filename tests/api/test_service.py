@@ -110,13 +110,14 @@ def test_failing_signal_receivers_never_break_the_lock(caplog: pytest.LogCapture
         # A lease lost (and its broken receiver run) on the heartbeat thread...
         lost = service.run_exclusive(
             "loses",
-            lambda: (backend.force_release("loses"), threading.Event().wait(0.5)),
-            ttl=0.3,
+            lambda: (backend.force_release("loses"), threading.Event().wait(1.2)),
+            ttl=1,
             refresh_interval=0.1,
         )
-        # ...leaves the heartbeat alive for the next one, which outlives its ttl.
+        # ...leaves the heartbeat alive for the next one, which outlives its ttl twice
+        # (a ttl of 1 s: on a loaded machine one tick can come 0.3 s late).
         kept = service.run_exclusive(
-            "kept", lambda: threading.Event().wait(0.6), ttl=0.3, refresh_interval=0.1
+            "kept", lambda: threading.Event().wait(2.5), ttl=1, refresh_interval=0.1
         )
     finally:
         for signal in (lock_acquired, lock_released, lock_lost):
@@ -161,17 +162,18 @@ def test_a_forked_child_gets_a_heartbeat_of_its_own() -> None:
 
     def child() -> None:
         result = TaskLockService(MemoryBackend()).run_exclusive(
-            "child", lambda: threading.Event().wait(0.8), ttl=0.3, refresh_interval=0.1
+            "child", lambda: threading.Event().wait(2.5), ttl=1, refresh_interval=0.1
         )
         results.put(result.lost)
 
     def fork_while_holding() -> None:
         process = ctx.Process(target=child)
         process.start()
-        process.join(10)
+        process.join(30)
 
-    held = parent.run_exclusive("parent", fork_while_holding, ttl=0.5, refresh_interval=0.1)
-    assert results.get(timeout=5) is False  # the child's lease was kept alive
+    # ttls of 1 s, outlived twice or more: on a loaded machine one tick can come 0.3 s late.
+    held = parent.run_exclusive("parent", fork_while_holding, ttl=1, refresh_interval=0.1)
+    assert results.get(timeout=30) is False  # the child's lease was kept alive
     assert not held.lost
 
 
