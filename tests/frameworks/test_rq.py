@@ -125,9 +125,10 @@ def test_fifty_overlapping_jobs_of_one_key_on_two_workers_never_overlap(
     queue: Any, tmp_path: Path
 ) -> None:
     key = f"{RUN}-volume"
-    jobs = [
-        queue.enqueue("tests.jobs.rq_jobs.record", key, str(tmp_path), 0.05) for _ in range(50)
-    ]
+    # Each hold 0.3 s: RQ forks a work horse per job, and on a loaded machine a fork took
+    # up to 1.4 s; with 0.05 s holds the two workers' holds never met in 50 jobs (no job
+    # skipped) in a CI run.
+    jobs = [queue.enqueue("tests.jobs.rq_jobs.record", key, str(tmp_path), 0.3) for _ in range(50)]
     runs = framework_runs.await_runs(tmp_path, 50)
     framework_runs.assert_one_at_a_time(runs, 50)
     assert sorted(outcome(job) for job in jobs) == sorted(
