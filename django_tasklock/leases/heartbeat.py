@@ -10,7 +10,9 @@ Releasing never waits for a refresh under way, except with ``min_hold`` (see
 on the first lease, is recreated in a forked child, and lets go of its
 connections whenever it has nothing to keep alive.
 
-A lease stops being refreshed when it is released, found gone or someone
+A lease stops being refreshed when it is released, its lock object is
+garbage-collected unreleased (``dropped``: it is then left to run out within its
+``ttl``, with a warning naming the key and where it was acquired), found gone or someone
 else's, reaches ``max_lifetime`` (the backend caps it on the storage side as
 well), or, lost past its deadline, its refresh fails; given a
 ``progress_timeout``, also when its work stopped calling ``Lock.progress()``
@@ -182,8 +184,25 @@ class Heartbeat(BatchRefresher):
         # parent's to keep alive; the condition may have been held mid-fork.
         self._start_empty()
 
-    def _next_due(self) -> tuple[list[Lease], list[BaseBackend]]:
-        """The leases due now (and those due soon); or, on going idle, the backends to close.
+    def _drop(self, dropped: list[Lease]) -> None:
+        """Warn of the leases whose lock objects were collected unreleased (closed by
+        :meth:`_next_due`, which took them off the heap unrefreshed)."""
+        for lease in dropped:
+            watcher().removed()
+            log(
+                logging.WARNING,
+                "Task lock %r (acquired at %s) was garbage-collected without release(): "
+                "its lease is no longer refreshed and runs out within its ttl (%s s). "
+                "Release every lock you acquire: use `with lock(...)` or call release() "
+                "in a finally block.",
+                lease.key,
+                lease.dropped,
+                lease.options.ttl.total_seconds(),
+            )
+
+    def _next_due(self) -> tuple[list[Lease], list[BaseBackend], list[Lease]]:
+        """The leases due now (and those due soon); or, on going idle, the backends to close;
+        and the due leases whose lock objects were collected unreleased (``dropped``).
 
         Leases due within half the first one's refresh interval join it:
         refreshing a little early costs nothing, and leases taken at different
@@ -192,7 +211,7 @@ class Heartbeat(BatchRefresher):
         with self._cond:
             while True:
                 if self._unread:
-                    return [], []  # the caller reads their clocks first
+                    return [], [], []  # the caller reads their clocks first
                 while self._heap and self._heap[0][2].closed:
                     heapq.heappop(self._heap)
                     self._closed = max(0, self._closed - 1)
@@ -200,7 +219,7 @@ class Heartbeat(BatchRefresher):
                     if self._touched:
                         idle, self._touched = list(self._touched.values()), {}
                         self._batches.clear()  # let go of the leases last sent
-                        return [], idle
+                        return [], idle, []
                     # Idle, but looking again every shortest interval seen: a
                     # new lease is then due after that and needs no wake-up (a
                     # loop of short locks would otherwise wake the thread for each).
@@ -211,7 +230,7 @@ class Heartbeat(BatchRefresher):
                 if self._heap[0][0] > now:
                     if self._reaper.due_at <= now:
                         self._reap_now = True
-                        return [], []  # the caller reaps first
+                        return [], [], []  # the caller reaps first
                     self._wake_at = min(self._heap[0][0], self._reaper.due_at)
                     self._cond.wait(self._wake_at - now)
                     continue
@@ -221,14 +240,18 @@ class Heartbeat(BatchRefresher):
                 first = self._heap[0][2].options.refresh_interval.total_seconds()
                 horizon = now + _EARLY * first
                 due: list[Lease] = []
+                dropped: list[Lease] = []
                 while self._heap and self._heap[0][0] <= horizon:
                     lease = heapq.heappop(self._heap)[2]
                     if lease.closed:
                         self._closed = max(0, self._closed - 1)
+                    elif lease.dropped is not None:
+                        lease.closed = True  # off the heap already: not counted in _closed
+                        dropped.append(lease)
                     else:
                         due.append(lease)
                 self._taken = due
-                return due, []
+                return due, [], dropped
 
     def _read_new_clocks(self) -> None:
         """The first reading of each new backend's clock (see ``storage_clock``)."""
@@ -260,7 +283,9 @@ class Heartbeat(BatchRefresher):
     def _beat_forever(self) -> None:
         mark_background()
         while True:
-            due, idle = self._next_due()
+            due, idle, dropped = self._next_due()
+            if dropped:
+                self._drop(dropped)
             self._read_new_clocks()
             if self._reap_now:
                 self._reap()

@@ -16,10 +16,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, cast
 
 from django_tasklock.backends import get_backend
@@ -127,12 +130,39 @@ class Acquirer:
     acquirer copied into a forked child, by a thread that is not there, is stale.
     """
 
-    __slots__ = ("handed_on", "pid")
+    __slots__ = ("handed_on", "pid", "site")
 
-    def __init__(self) -> None:
+    def __init__(self, site: tuple[str, int, str] | None) -> None:
         self.pid = this_pid()
         #: Dismissed by the attempt given up (see :class:`Attempt`), not by the caller.
         self.handed_on = False
+        #: Where the caller acquires: file, line, function (see :func:`_caller`).
+        self.site = site
+
+
+#: Frames of this package's files are not where a lock was acquired.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _caller() -> tuple[str, int, str] | None:
+    """Where the caller acquires: the innermost frame outside this package."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
+
+
+def _dropped(lease: Lease, site: str) -> None:
+    """A held lock object was garbage-collected: its lease is to be refreshed no more.
+
+    Only marks it (the heartbeat warns and stops at its next due time): a
+    collection may run on any thread, in the middle of anything, even the
+    heartbeat's own steps, so this takes no lock and makes no call.
+    """
+    if not lease.closed and lease.pid == this_pid():
+        lease.dropped = site
 
 
 #: Guards every lock object's acquirer: held for a test and a store, never across a call.
@@ -146,6 +176,9 @@ class AsyncLockMethods(loss.ActsOnLoss):
     fence: int | None
     #: The async attempt under way in this lock's thread (None: a sync acquisition).
     _attempt: Attempt | None = None
+    _acquirer: Acquirer | None
+    #: While held: what marks the lease dropped if this object is collected.
+    _dropped: weakref.finalize[[Lease, str], AsyncLockMethods] | None
 
     if TYPE_CHECKING:  # the synchronous steps, defined by Lock
 
@@ -283,6 +316,12 @@ class AsyncLockMethods(loss.ActsOnLoss):
 
     def _hold(self, lease: Lease, fence: int | None) -> None:
         self._lease, self._held, self.fence = lease, True, fence
+        acquirer = self._acquirer
+        site = acquirer.site if acquirer is not None else None
+        where = "an unknown place" if site is None else "{}:{} in {}".format(*site)
+        # Collected while held (never released): the heartbeat lets its lease run out.
+        self._dropped = weakref.finalize(self, _dropped, lease, where)
+        self._dropped.atexit = False
 
     async def _undo(
         self, attempt: asyncio.Future[tuple[bool, float | None]], lease: Lease | None
@@ -353,6 +392,7 @@ class Lock(AsyncLockMethods):
         self._canceller: LossCanceller | None = None
         #: The acquisition under way, or holding the key, through this object.
         self._acquirer: Acquirer | None = None
+        self._dropped = None
 
     def __repr__(self) -> str:
         return f"<Lock {self.key!r} {'held' if self._held else 'not held'}>"
@@ -443,6 +483,7 @@ class Lock(AsyncLockMethods):
         if lease is None or not self._held:
             raise RuntimeError(f"task lock {self.key!r} is not held")
         self._held = False
+        self._let_go()
         try:
             self._end(lease)
         finally:
@@ -475,7 +516,7 @@ class Lock(AsyncLockMethods):
         which is not there, is stale, unless its grant is held (then, as
         before, the object is held).
         """
-        acquirer = Acquirer()
+        acquirer = Acquirer(_caller())
         with _admitting:
             current = self._acquirer
             if current is None or (current.pid != acquirer.pid and not self._held):
@@ -569,9 +610,16 @@ class Lock(AsyncLockMethods):
             # Whatever stops us here (KeyboardInterrupt, a receiver's
             # SystemExit) must not leave the key held until the ttl runs out.
             self._held = False
+            self._let_go()
             self._end(lease)
             raise
         return True
+
+    def _let_go(self) -> None:
+        """Released: collecting this object no longer concerns the lease."""
+        if self._dropped is not None:
+            self._dropped.detach()
+            self._dropped = None
 
     def _end(self, lease: Lease) -> None:
         if lease.pid != this_pid():
