@@ -40,14 +40,14 @@ _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 def mark() -> str:
     """``/<machine>.<start>`` for this process's tokens; ``""`` where nothing can be proven."""
-    if not _mark_pid:
+    if _mark_pid != os.getpid():  # not yet, or a child of a fork that ran no Python hook
         _remember_mark()
     return _mark
 
 
 def this_machine() -> str | None:
     """This process's machine (:data:`MACHINE_CHARS` characters), or None without ``/proc``."""
-    if not _mark_pid:
+    if _mark_pid != os.getpid():
         _remember_mark()
     return _machine
 

@@ -29,6 +29,7 @@ def new_token(*, claim: bool = False) -> str:
     and carries no proof of this process (it is not the claim's holder).
     """
     secret = binascii.b2a_base64(os.urandom(18), newline=False).translate(_URL_SAFE)
+    this_pid()  # a new process (a fork): named again
     prefix = _token_prefix or _name_this_process()
     if claim:
         return prefix + CLAIM_MARK + secret.decode()
@@ -36,12 +37,25 @@ def new_token(*, claim: bool = False) -> str:
 
 
 def this_pid() -> int:
-    """``os.getpid()``, remembered (a system call each time) and forgotten in a forked child."""
-    return _pid or _remember_pid()
+    """``os.getpid()``; when it changed, this process's name is forgotten (made again).
+
+    Compared at each call, not only reset by ``os.register_at_fork``: a fork
+    that runs no Python hook (uWSGI's preforking without
+    ``py-call-osafterfork``, a C extension's ``fork()``) would otherwise leave a
+    child naming its parent in its tokens, whose lease anyone could take over
+    once the parent is gone.
+    """
+    global _pid
+    pid = os.getpid()
+    if pid != _pid:
+        _forget_process_name()
+        _pid = pid
+    return pid
 
 
 def this_process() -> Holder:
     """The holder this process's tokens name (``Holder.from_token`` of any of them)."""
+    this_pid()
     return _holder or _parse_this_process()
 
 
@@ -50,12 +64,6 @@ _token_prefix = ""  # "host:pid:", made on first use and again in a forked child
 _token_suffix = ""  # "/<machine>.<start>" (or ""), likewise
 _holder: Holder | None = None  # parsed from a token of this process, likewise
 _pid = 0  # likewise
-
-
-def _remember_pid() -> int:
-    global _pid
-    _pid = os.getpid()
-    return _pid
 
 
 def _name_this_process() -> str:

@@ -1,0 +1,70 @@
+"""A child of a fork that ran no Python hook names itself, not its parent, in its tokens.
+
+``os.register_at_fork`` hooks run only for ``os.fork()``. uWSGI's preforking
+(without ``py-call-osafterfork``) and a C extension's ``fork()`` call libc's
+``fork()`` directly: before, a child of a parent that had made a token kept
+the parent's pid and start time in its own tokens, so once the parent was
+gone the child's live lease looked like a dead holder's and was taken over
+(two holders). Here the fork is libc's, through ctypes, in a fresh process
+with no other thread.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+CHILD = textwrap.dedent(
+    """
+    import ctypes, json, os, sys
+
+    from django_tasklock import processes
+    from django_tasklock.backends.base import Holder
+    from django_tasklock.leases.tokens import new_token, this_pid, this_process
+
+    parent = Holder.from_token(new_token())  # the parent's name, remembered
+    read, write = os.pipe()
+    pid = ctypes.CDLL(None, use_errno=True).fork()  # no os.register_at_fork hook runs
+    if pid == 0:
+        os.close(read)
+        token = new_token()
+        held = Holder.from_token(token)
+        seen = {
+            "getpid": os.getpid(),
+            "this_pid": this_pid(),
+            "token_pid": held.pid,
+            "token_started": held.started,
+            "process_pid": this_process().pid,
+            "own_start": processes._stat(os.getpid())[1],
+            "parent_started": parent.started,
+            "mark_is_own": processes.mark().endswith("." + str(held.started)),
+        }
+        os.write(write, json.dumps(seen).encode())
+        os._exit(0)
+    os.close(write)
+    data = b""
+    while chunk := os.read(read, 4096):
+        data += chunk
+    os.waitpid(pid, 0)
+    sys.stdout.write(data.decode())
+    """
+)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="libc fork and /proc: Linux")
+def test_a_child_forked_without_python_hooks_names_itself() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    child = seen["getpid"]
+    assert seen["this_pid"] == child
+    assert seen["token_pid"] == child, "the child's token names its parent"
+    assert seen["process_pid"] == child
+    assert seen["token_started"] == seen["own_start"], "the child's token has its parent's start"
+    assert seen["mark_is_own"]
