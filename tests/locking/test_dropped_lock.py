@@ -57,6 +57,19 @@ def warning_for(caplog: pytest.LogCaptureFixture, key: str) -> str | None:
     return None
 
 
+def runs_out_with_a_warning(
+    backend: BaseBackend, key: str, caplog: pytest.LogCaptureFixture, site: str
+) -> None:
+    """Once collected, the lease of ``key`` runs out, with a warning naming ``site``."""
+    gc.collect()
+    # Before, the heartbeat refreshed the lease every 0.2 s for 24 h.
+    eventually(lambda: free(backend, key), "the key of a collected lock is free")
+    eventually(lambda: warning_for(caplog, key) is not None, "the warning is logged")
+    message = warning_for(caplog, key)
+    assert message is not None
+    assert site in message, message
+
+
 def test_a_lock_collected_while_held_runs_out_with_a_warning(
     any_backend: ContractBackend, key: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -70,13 +83,7 @@ def test_a_lock_collected_while_held_runs_out_with_a_warning(
     with caplog.at_level(logging.WARNING, logger="django_tasklock"):
         line = forget()
         assert not free(backend, key)  # held: the object is gone, the lease is not yet
-        gc.collect()
-        # Before, the heartbeat refreshed the lease every 0.2 s for 24 h.
-        eventually(lambda: free(backend, key), "the key of a collected lock is free")
-        eventually(lambda: warning_for(caplog, key) is not None, "the warning is logged")
-    message = warning_for(caplog, key)
-    assert message is not None
-    assert f"{__file__}:{line} in forget" in message, message
+        runs_out_with_a_warning(backend, key, caplog, f"{__file__}:{line} in forget")
 
 
 def test_an_async_lock_collected_while_held_names_its_coroutine(
@@ -93,12 +100,7 @@ def test_an_async_lock_collected_while_held_names_its_coroutine(
 
     with caplog.at_level(logging.WARNING, logger="django_tasklock"):
         asyncio.run(forget())
-        gc.collect()
-        eventually(lambda: free(backend, key), "the key of a collected lock is free")
-        eventually(lambda: warning_for(caplog, key) is not None, "the warning is logged")
-    message = warning_for(caplog, key)
-    assert message is not None
-    assert f"{__file__}:{lines[0]} in forget" in message, message
+        runs_out_with_a_warning(backend, key, caplog, f"{__file__}:{lines[0]} in forget")
 
 
 def test_a_released_or_referenced_lock_is_not_dropped(
