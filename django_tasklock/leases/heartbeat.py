@@ -191,12 +191,12 @@ class Heartbeat(BatchRefresher):
             watcher().removed()
             log(
                 logging.WARNING,
-                "Task lock %r (acquired at %s) was garbage-collected without release(): "
+                "Task lock %r (acquired at %s:%s in %s) was garbage-collected without release(): "
                 "its lease is no longer refreshed and runs out within its ttl (%s s). "
                 "Release every lock you acquire: use `with lock(...)` or call release() "
                 "in a finally block.",
                 lease.key,
-                lease.dropped,
+                *(lease.dropped or ("?", 0, "?")),
                 lease.options.ttl.total_seconds(),
             )
 

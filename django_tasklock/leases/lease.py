@@ -123,9 +123,9 @@ class Lease:
         self.answered_at = asked_at
         #: Set when the lease leaves the heartbeat (released); ``lost`` is then final.
         self.closed = False
-        #: Where its lock object was acquired, once that object was garbage-collected
-        #: unreleased: the heartbeat then stops refreshing it (see ``Heartbeat``).
-        self.dropped: str | None = None
+        #: Where its lock object was acquired (file, line, function), once that object
+        #: was garbage-collected unreleased: the heartbeat then stops refreshing it.
+        self.dropped: tuple[str, int, str] | None = None
         #: True while a refresh of it is under way (under the heartbeat's lock).
         self.refreshing = False
         #: Set while the release waits for the caller's transaction to end.

@@ -154,7 +154,7 @@ def _caller() -> tuple[str, int, str] | None:
     return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
 
 
-def _dropped(lease: Lease, site: str) -> None:
+def _dropped(lease: Lease, site: tuple[str, int, str] | None) -> None:
     """A held lock object was garbage-collected: its lease is to be refreshed no more.
 
     Only marks it (the heartbeat warns and stops at its next due time): a
@@ -162,7 +162,7 @@ def _dropped(lease: Lease, site: str) -> None:
     heartbeat's own steps, so this takes no lock and makes no call.
     """
     if not lease.closed and lease.pid == this_pid():
-        lease.dropped = site
+        lease.dropped = site or ("an unknown place", 0, "?")
 
 
 #: Guards every lock object's acquirer: held for a test and a store, never across a call.
@@ -178,7 +178,7 @@ class AsyncLockMethods(loss.ActsOnLoss):
     _attempt: Attempt | None = None
     _acquirer: Acquirer | None
     #: While held: what marks the lease dropped if this object is collected.
-    _dropped: weakref.finalize[[Lease, str], AsyncLockMethods] | None
+    _dropped: weakref.finalize[[Lease, tuple[str, int, str] | None], AsyncLockMethods] | None
 
     if TYPE_CHECKING:  # the synchronous steps, defined by Lock
 
@@ -318,9 +318,8 @@ class AsyncLockMethods(loss.ActsOnLoss):
         self._lease, self._held, self.fence = lease, True, fence
         acquirer = self._acquirer
         site = acquirer.site if acquirer is not None else None
-        where = "an unknown place" if site is None else "{}:{} in {}".format(*site)
         # Collected while held (never released): the heartbeat lets its lease run out.
-        self._dropped = weakref.finalize(self, _dropped, lease, where)
+        self._dropped = weakref.finalize(self, _dropped, lease, site)
         self._dropped.atexit = False
 
     async def _undo(
