@@ -86,7 +86,7 @@ def holder_gone(holder: Holder) -> bool | None:
 
 _mark = ""
 _machine: str | None = None
-_mark_pid = 0  # the process they were read in (0: not yet, or a forked child's)
+_mark_pid = 0  # the process they were read in (0: not yet); another pid: read again
 
 
 def _remember_mark() -> None:
@@ -97,14 +97,6 @@ def _remember_mark() -> None:
     _machine = machine if seen is not None else None
     _mark = "" if seen is None else f"/{machine}.{seen[1]}"
     _mark_pid = pid
-
-
-def _forget_mark() -> None:
-    global _mark_pid
-    _mark_pid = 0
-
-
-os.register_at_fork(after_in_child=_forget_mark)
 
 
 def _read_machine(pid: int) -> str | None:

@@ -45,11 +45,10 @@ def this_pid() -> int:
     child naming its parent in its tokens, whose lease anyone could take over
     once the parent is gone.
     """
-    global _pid
+    global _token_prefix, _token_suffix, _holder, _pid
     pid = os.getpid()
     if pid != _pid:
-        _forget_process_name()
-        _pid = pid
+        _token_prefix, _token_suffix, _holder, _pid = "", "", None, pid
     return pid
 
 
@@ -60,10 +59,11 @@ def this_process() -> Holder:
 
 
 _URL_SAFE = bytes.maketrans(b"+/", b"-_")
-_token_prefix = ""  # "host:pid:", made on first use and again in a forked child
-_token_suffix = ""  # "/<machine>.<start>" (or ""), likewise
-_holder: Holder | None = None  # parsed from a token of this process, likewise
-_pid = 0  # likewise
+# Made on first use, and again once the pid changed (see this_pid):
+_token_prefix = ""  # "host:pid:"
+_token_suffix = ""  # "/<machine>.<start>" (or "")
+_holder: Holder | None = None  # parsed from a token of this process
+_pid = 0  # the process they were made in
 
 
 def _name_this_process() -> str:
@@ -77,11 +77,3 @@ def _parse_this_process() -> Holder:
     global _holder
     _holder = Holder.from_token(new_token())
     return _holder
-
-
-def _forget_process_name() -> None:
-    global _token_prefix, _token_suffix, _holder, _pid
-    _token_prefix, _token_suffix, _holder, _pid = "", "", None, 0
-
-
-os.register_at_fork(after_in_child=_forget_process_name)
