@@ -29,6 +29,7 @@ from django_tasklock.backends.redis.scripts import RELEASED_PREFIX, tombstone_ke
 from django_tasklock.checks import check_tasklock_settings
 from django_tasklock.testing.support import wait_until
 from tests.conftest import require_service
+from tests.support.servers import private_redis
 
 LONG, LIFE = timedelta(seconds=30), timedelta(hours=1)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -279,9 +280,25 @@ def test_capabilities_promise_cross_process_and_server_clock() -> None:
 # -- scripts and SCAN ------------------------------------------------------------------
 
 
+@pytest.fixture
+def flushable() -> Iterator[tuple[redis.Redis, RedisBackend]]:
+    """A plain client and a backend on a private server: ``SCRIPT FLUSH`` empties
+    every database's scripts, and other test workers share the test Redis."""
+    require_service("redis")
+    with private_redis() as server:
+        client = redis.Redis.from_url(server.url)
+        backend = RedisBackend(url=server.url)
+        try:
+            yield client, backend
+        finally:
+            backend.close()
+            client.close()
+
+
 def test_every_operation_survives_a_script_cache_flush(
-    raw: redis.Redis, backend: RedisBackend, key: str
+    flushable: tuple[redis.Redis, RedisBackend], key: str
 ) -> None:
+    raw, backend = flushable
     token = new_token()
     assert backend.acquire(key + "-warm", token, ttl=LONG, max_lifetime=LIFE)  # loads scripts
     steps: list[tuple[str, Callable[[], object]]] = [

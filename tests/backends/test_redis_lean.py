@@ -21,6 +21,7 @@ from django_tasklock.testing.proxy import FaultProxy
 from django_tasklock.testing.support import LIFE, LONG
 from tests.conftest import require_service
 from tests.support.otel_support import Telemetry, children, observed
+from tests.support.servers import private_redis
 
 pytestmark = pytest.mark.databases
 
@@ -33,6 +34,15 @@ def url() -> str:
 
 
 @pytest.fixture
+def flushable_url() -> Iterator[str]:
+    """A private server's URL, for the cases that ``SCRIPT FLUSH``: that empties
+    every database's scripts, and other test workers share the test Redis."""
+    require_service("redis")
+    with private_redis() as server:
+        yield server.url
+
+
+@pytest.fixture
 def telemetry() -> Iterator[Telemetry]:
     yield from observed()
 
@@ -42,9 +52,9 @@ def _no_evalsha(*args: Any, **kwargs: Any) -> Any:
 
 
 def test_a_url_client_sends_its_scripts_lean_with_the_same_outcomes(
-    url: str, key: str, monkeypatch: pytest.MonkeyPatch
+    flushable_url: str, key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    backend = RedisBackend(url=url)
+    backend = RedisBackend(url=flushable_url)
     try:
         scripts = backend._calls()
         assert scripts.lean is not None
@@ -314,10 +324,10 @@ def test_an_interrupted_call_never_goes_back_to_the_pool_with_its_reply_unread(
 
 
 def test_the_heartbeats_batch_is_packed_once_and_sent_lean(
-    url: str, key: str, monkeypatch: pytest.MonkeyPatch
+    flushable_url: str, key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same tuple of leases, tick after tick, is packed once; a new tuple anew."""
-    backend = RedisBackend(url=url)
+    backend = RedisBackend(url=flushable_url)
     try:
         scripts = backend._calls()
         monkeypatch.setattr(scripts.client, "evalsha", _no_evalsha)

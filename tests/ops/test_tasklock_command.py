@@ -540,9 +540,17 @@ def test_ctrl_c_at_the_prompt_cancels_quietly(
     command, env, backend = manage
     hold(backend, key)
     ours, theirs = pty.openpty()  # a terminal for the prompt to read from
+    # Ctrl-C as a shell's foreground job gets it: a run started in the background
+    # (a CI runner, `cmd &` without job control) ignores SIGINT, and a child
+    # inherits that; exec keeps the default restored here.
+    restore = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "os.execv(sys.executable, sys.argv[1:])"
+    )
+    proc: subprocess.Popen[str] | None = None
     try:
         proc = subprocess.Popen(
-            [*command, "tasklock", "release", key],
+            [sys.executable, "-c", restore, *command, "tasklock", "release", key],
             env=env,
             stdin=theirs,
             stdout=subprocess.PIPE,
@@ -562,6 +570,9 @@ def test_ctrl_c_at_the_prompt_cancels_quietly(
         assert "cancelled" in err
         assert backend.peek(key) is not None
     finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.communicate()
         os.close(ours)
         os.close(theirs)
         backend.force_release(key)
