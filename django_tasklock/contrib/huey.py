@@ -7,7 +7,9 @@ Huey's own ``TaskLockedException``, so a task's ``retries=`` retry it and
 ``SIGNAL_LOCKED`` is sent. The lock is django-tasklock's: a lease kept alive
 by the heartbeat while the task runs, freed by itself when a consumer dies
 (no ``run_huey --flush-locks`` needed), listed by ``manage.py tasklock`` and
-the admin page. Its key is ``lock_name`` itself.
+the admin page. Its key is ``lock_name`` itself. ``install(HUEY)`` gives a
+Huey instance's ``lock_task``, ``is_locked`` and ``flush_locks`` the same
+(``run_huey --flush-locks`` then ends these leases).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Callable  # noqa: E402
 from types import TracebackType  # noqa: E402
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast  # noqa: E402
 
-from huey.api import TaskWrapper  # noqa: E402
+from huey.api import Huey, TaskWrapper  # noqa: E402
 from huey.exceptions import TaskLockedException  # noqa: E402
 
 from django_tasklock.api.decorators import ON_LOST, OnLost, exclusive  # noqa: E402
@@ -37,9 +39,14 @@ if TYPE_CHECKING:
 
     from django_tasklock.locking.options import LockKwargs
 
-__all__ = ["TaskLock", "TaskLockedException", "lock_task"]
+__all__ = ["HueyLock", "TaskLock", "TaskLockedException", "install", "lock_task"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: Every ``lock_name`` a :class:`TaskLock` was made with in this process, as
+#: Huey keeps its instance's lock keys: what ``flush_locks()`` flushes (see
+#: :func:`install`).
+_NAMES: set[str] = set()
 
 
 class LockTaskOptions(TypedDict, total=False):
@@ -70,8 +77,9 @@ class TaskLock:
 
     As a decorator (below ``@huey.task()`` / ``@db_task()``, as Huey's own)
     it holds the lock while the function runs; as a context manager, for the
-    block (``with lock_task("reports") as lock:`` gives the
-    :class:`~django_tasklock.Lock`: ``lock.lost``, ``lock.fence``). When
+    block (``with lock_task("reports") as lock:`` gives a :class:`HueyLock`,
+    the :class:`~django_tasklock.Lock` with Huey's ``is_locked()`` and
+    ``clear()``: ``lock.lost``, ``lock.fence``). When
     another holder has ``lock_name``, the work does not run: one INFO line and
     ``lock_skipped`` say who holds it, then ``TaskLockedException("unable to
     acquire lock <lock_name>")`` is raised, which Huey's consumer turns into
@@ -116,8 +124,9 @@ class TaskLock:
             self.options["ttl"] = ttl
         self.on_lost = on_lost
         self.service = service if service is not None else TaskLockService()
-        self._make_lock()  # every option checked now; nothing is written
+        self.service.lock(self.name, **self.options)  # every option checked now; nothing written
         self._held = threading.local()
+        _NAMES.add(lock_name)
 
     def __repr__(self) -> str:
         return f"<TaskLock {self.name!r}>"
@@ -147,9 +156,9 @@ class TaskLock:
 
     # -- context manager and explicit calls ------------------------------------
 
-    def __enter__(self) -> Lock:
+    def __enter__(self) -> HueyLock:
         self.acquire()
-        held: Lock = self._stack()[-1]
+        held: HueyLock = self._stack()[-1]
         return held
 
     def __exit__(
@@ -193,11 +202,67 @@ class TaskLock:
         """
         return self.service.backend.force_release(self.name) is not None
 
-    def _make_lock(self) -> Lock:
-        return self.service.lock(self.name, **self.options)
+    def _make_lock(self) -> HueyLock:
+        return HueyLock(self.name, backend=self.service.backend, **self.options)
 
-    def _stack(self) -> list[Lock]:
-        stack: list[Lock] | None = getattr(self._held, "locks", None)
+    def _stack(self) -> list[HueyLock]:
+        stack: list[HueyLock] | None = getattr(self._held, "locks", None)
         if stack is None:
             stack = self._held.locks = []
         return stack
+
+
+class HueyLock(Lock):
+    """The value of ``with lock_task(...) as lock``: django-tasklock's
+    :class:`~django_tasklock.Lock` (``lock.lost``, ``lock.fence``), with the two
+    methods of Huey's own lock object that a ``with`` block may call."""
+
+    def is_locked(self) -> bool:
+        """Whether anyone holds the key now (one read of the storage), as Huey's."""
+        return self.backend.peek(self.key) is not None
+
+    locked = is_locked
+
+    def clear(self) -> bool:
+        """End whoever's lease holds the key now, as Huey's ``clear()`` deletes its
+        key: an operator's action; when that is this lock, it is lost.
+        True if there was a lease to end."""
+        return self.backend.force_release(self.key) is not None
+
+
+def install(huey: Huey, *, service: TaskLockService | None = None) -> None:
+    """Make ``huey.lock_task``, ``huey.is_locked`` and ``huey.flush_locks`` django-tasklock's.
+
+    After ``install(HUEY)``, code that calls the Huey instance's methods
+    (``@HUEY.lock_task("reports")``, ``HUEY.is_locked("reports")``) gets the
+    leases of :func:`lock_task`, and ``HUEY.flush_locks()`` — what ``run_huey
+    --flush-locks`` and ``--extra-locks`` call when a consumer starts — also
+    ends the lease of every ``lock_name`` this process has made a
+    :func:`lock_task` with, and of every name given, whoever holds it (as
+    Huey's deletes its keys): the names of those it ended are in the set it
+    returns, with the names of Huey's own locks it flushed. ``service``: the
+    storage, as for :func:`lock_task` (default: ``TASKLOCK_BACKEND``).
+    Installing again replaces the service.
+    """
+    if not isinstance(huey, Huey):
+        raise TypeError(f"huey must be a Huey instance, not {type(huey).__name__}")
+    chosen = service if service is not None else TaskLockService()
+    original = getattr(huey, "_tasklock_flush_locks", huey.flush_locks)
+
+    def lock_task_(lock_name: str, ttl: Duration | None = None) -> TaskLock:
+        return TaskLock(lock_name, ttl, service=chosen)
+
+    def is_locked(lock_name: str) -> bool:
+        return chosen.peek(lock_name) is not None
+
+    def flush_locks(*names: str) -> set[str]:
+        flushed: set[str] = set(original(*names))
+        for name in sorted(_NAMES | {name.strip() for name in names}):
+            if chosen.backend.force_release(validate_key(name)) is not None:
+                flushed.add(name)
+        return flushed
+
+    huey._tasklock_flush_locks = original
+    huey.lock_task = lock_task_
+    huey.is_locked = is_locked
+    huey.flush_locks = flush_locks

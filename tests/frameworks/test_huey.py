@@ -11,6 +11,7 @@ import contextlib
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,9 @@ def redis_url() -> str:
 
 
 @contextlib.contextmanager
-def consumers(count: int, logs: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """``count`` ``run_huey`` consumers (one worker thread each) serving this run's queue.
+def consumers(count: int, logs: Path, *options: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``count`` ``run_huey`` consumers (one worker thread each) serving this run's queue,
+    with ``options`` for ``run_huey``.
 
     Stopped at the block's end, and the queue, schedule and results emptied.
     """
@@ -54,7 +56,7 @@ def consumers(count: int, logs: Path) -> Iterator[list[subprocess.Popen[bytes]]]
         "TASKLOCK_TEST_HUEY_NAME": HUEY.name,
     }
     # -n: no periodic tasks to schedule; -k thread -w 1: one worker each.
-    args = ["django", "run_huey", "-w", "1", "-k", "thread", "-n", "--delay", "0.1"]
+    args = ["django", "run_huey", "-w", "1", "-k", "thread", "-n", "--delay", "0.1", *options]
     try:
         with contextlib.ExitStack() as stack:
             yield [
@@ -135,6 +137,74 @@ def test_two_consumers_fifty_overlapping_tasks_never_overlap(
 
 
 # -- in the test process: the drop-in's own surface ----------------------------
+
+
+def test_run_huey_flush_locks_ends_the_leases_of_its_lock_names(
+    django_db_setup: None, tmp_path: Path
+) -> None:
+    """``run_huey --flush-locks --extra-locks NAME``, on a Huey that ``install`` gave our
+    ``flush_locks`` (tests/jobs/huey_app/apps.py): the remedy Huey documents for a lock
+    left by a consumer that is gone ends the leases of the decorators' lock names
+    and of the names given, before the consumer serves its queue."""
+    from django_tasklock.backends.database import DatabaseBackend
+    from django_tasklock.leases.tokens import new_token
+    from django_tasklock.testing.support import LIFE
+    from tests.jobs.huey_app.tasks import RETRIED_KEY, VOLUME_KEY, lock_name
+
+    backend = DatabaseBackend(using="default")  # the consumers' storage: this SQLite file
+    long = timedelta(minutes=15)  # not over before a consumer starts on a loaded machine
+    left = lock_name("left-behind")
+    for name in (RETRIED_KEY, left):  # as a consumer that died holding them left them
+        assert backend.acquire(name, new_token(), ttl=long, max_lifetime=LIFE)
+    kept = lock_name("not-named")
+    assert backend.acquire(kept, new_token(), ttl=long, max_lifetime=LIFE)
+    try:
+        with consumers(1, tmp_path, "--flush-locks", "--extra-locks", left) as [consumer]:
+            log = tmp_path / "consumer-0.log"
+            # Logged once every lease is ended, before the consumer serves its queue.
+            wait_until(
+                lambda: "Found stale locks" in log.read_text() or consumer.poll() is not None
+            )
+            assert consumer.poll() is None, log.read_text()
+            flushed = log.read_text().split("Found stale locks", 1)[1].splitlines()[0]
+            assert RETRIED_KEY in flushed, flushed
+            assert left in flushed, flushed
+            assert VOLUME_KEY not in flushed  # registered, but nobody held it
+            assert backend.peek(left) is None
+            assert backend.peek(RETRIED_KEY) is None
+            assert backend.peek(kept) is not None  # a name neither given nor used there
+    finally:
+        for name in (RETRIED_KEY, left, kept):
+            backend.force_release(name)
+
+
+def test_install_is_hueys_methods_on_the_instance(contrib: Any, key: str) -> None:
+    from huey import MemoryHuey
+    from huey.exceptions import TaskLockedException
+
+    huey = MemoryHuey("tasklock-install")
+    contrib.install(huey)
+    with huey.lock_task(key, 60) as held:
+        assert held.is_locked()
+        assert held.locked()
+        assert huey.is_locked(key)
+        assert held.key == key
+        assert not held.lost
+        with pytest.raises(TaskLockedException):
+            huey.lock_task(key).acquire()
+    assert not huey.is_locked(key)
+    with lock(key, ttl=60, refresh_interval=0.1) as other:  # a holder still running
+        assert huey.flush_locks() >= {key}
+        wait_until(lambda: other.lost)
+    assert huey.flush_locks(key) == set()
+    contrib.install(huey)  # again: one flush of Huey's own locks, not two
+    huey.put_if_empty(f"{huey.name}.lock.own", "1")
+    assert huey.flush_locks("own") == {"own"}
+
+
+def test_install_takes_a_huey(contrib: Any) -> None:
+    with pytest.raises(TypeError, match="huey must be a Huey instance, not str"):
+        contrib.install("HUEY")
 
 
 @pytest.fixture
