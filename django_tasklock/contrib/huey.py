@@ -257,7 +257,8 @@ def install(huey: Huey, *, service: TaskLockService | None = None) -> None:
 
     def flush_locks(*names: str) -> set[str]:
         flushed: set[str] = set(original(*names))
-        for name in sorted(_NAMES | {name.strip() for name in names}):
+        given = {name.strip() for name in names} - {""}  # run_huey --extra-locks "a,,b"
+        for name in sorted(_NAMES | given):
             if chosen.backend.force_release(validate_key(name)) is not None:
                 flushed.add(name)
         return flushed
