@@ -9,7 +9,8 @@ fail before it runs or after (its reply lost); through a
 :class:`~django_tasklock.testing.proxy.FaultProxy` (PostgreSQL, MariaDB,
 Redis) a reply may also be dropped on the wire (the backend's or the
 client's own re-send runs), a call's first copy may arrive late (after its
-re-send, on Redis; after the caller gave up, on a database), and a release's
+re-send, on Redis; after the caller gave up, on a database; at any later
+step, or right after its holder's release), and a release's
 re-send may be answered only after other workers acted. After every
 operation the history is checked against the model of
 ``tests/support/explorer.py``, which follows ``docs/protocol.md``.
@@ -308,12 +309,18 @@ def explore(storage: Storage, prefix: str, schedules: int, steps: int) -> dict[s
             self.world.tick(self._pick(worker, holding=True), many=many)
             self._armed(NONE)
 
-        @rule(worker=worker, fault=faults, resent_later=st.booleans())
-        def release(self, worker: int, fault: str, resent_later: bool) -> None:
+        @rule(worker=worker, fault=faults, resent_later=st.booleans(), overtaken=st.booleans())
+        def release(self, worker: int, fault: str, resent_later: bool, overtaken: bool) -> None:
+            """``overtaken``: the lease's late copies (an acquisition's, a refresh's) arrive
+            right after the release, as a request held back past the socket timeout does."""
             later = resent_later and storage.proxy is not None
             self._armed(NONE if later else fault)
-            self.world.release(self._pick(worker, holding=True), resent_later=later)
+            worker = self._pick(worker, holding=True)
+            held = self.world.holding[worker]
+            self.world.release(worker, resent_later=later)
             self._armed(NONE)
+            if overtaken and held is not None:
+                self.world.deliver_of(held.token)
 
         @precondition(lambda self: bool(self.world.pending))
         @rule(pick=st.integers(0, WORKERS - 1))

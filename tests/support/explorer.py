@@ -595,6 +595,14 @@ class World:
                         held.excused = "force-released"
         self.note(f"operator force-releases {key}: {ended.lease if ended else None}")
 
+    def deliver_of(self, token: str) -> None:
+        """Every late copy of ``token``'s calls reaches the storage, in the order sent."""
+        while True:
+            mine = [i for i, (_, late, _) in enumerate(self.backend.late) if late == token]
+            if not mine:
+                return
+            self.deliver(mine[0])
+
     def deliver(self, index: int) -> None:
         """The first copy of a late call reaches the storage; nobody reads its reply."""
         what, token, copy = self.backend.late.pop(index % len(self.backend.late))
