@@ -19,13 +19,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import queue
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from django_tasklock import forks
 
 logger = logging.getLogger("django_tasklock")
 
@@ -158,7 +159,7 @@ class Notifier:
 
 
 _notifier = Notifier()
-os.register_at_fork(after_in_child=_notifier._start_empty)
+forks.on_fork(_notifier._start_empty)
 
 
 def notifier() -> Notifier:

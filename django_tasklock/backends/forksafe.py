@@ -8,10 +8,11 @@ fork from parents that may be using a backend in another thread.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from types import TracebackType
+
+from django_tasklock import forks
 
 _every_lock: weakref.WeakSet[ForkSafeLock] = weakref.WeakSet()
 
@@ -43,4 +44,4 @@ def _renew_all() -> None:
         lock._renew()
 
 
-os.register_at_fork(after_in_child=_renew_all)
+forks.on_fork(_renew_all)

@@ -40,10 +40,10 @@ import heapq
 import itertools
 import logging
 import math
-import os
 import threading
 from typing import TYPE_CHECKING
 
+from django_tasklock import forks
 from django_tasklock.leases import observe
 from django_tasklock.leases.lease import clock
 from django_tasklock.leases.reaping import Reaper
@@ -328,7 +328,7 @@ class Heartbeat(BatchRefresher):
 
 
 _heartbeat = Heartbeat()
-os.register_at_fork(after_in_child=_heartbeat._after_fork)
+forks.on_fork(_heartbeat._after_fork)
 
 
 def heartbeat() -> Heartbeat:

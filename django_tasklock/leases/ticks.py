@@ -10,10 +10,10 @@ process's is judged from what the storage shows (see ``health``).
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from django_tasklock import forks
 from django_tasklock.leases.lease import clock
 
 if TYPE_CHECKING:
@@ -162,4 +162,4 @@ def _forget() -> None:
     _unreachable = {}
 
 
-os.register_at_fork(after_in_child=_forget)
+forks.on_fork(_forget)

@@ -13,7 +13,7 @@ import binascii
 import os
 import socket
 
-from django_tasklock import processes
+from django_tasklock import forks, processes
 from django_tasklock.backends.base import Holder
 from django_tasklock.holders import CLAIM_MARK
 
@@ -37,19 +37,22 @@ def new_token(*, claim: bool = False) -> str:
 
 
 def this_pid() -> int:
-    """``os.getpid()``; when it changed, this process's name is forgotten (made again).
+    """``os.getpid()``; in a new process (a fork), this process's name is made again.
 
-    Compared at each call, not only reset by ``os.register_at_fork``: a fork
-    that runs no Python hook (uWSGI's preforking without
-    ``py-call-osafterfork``, a C extension's ``fork()``) would otherwise leave a
-    child naming its parent in its tokens, whose lease anyone could take over
-    once the parent is gone.
+    Not only after ``os.fork()``: a fork that runs no Python hook (uWSGI's
+    preforking without ``py-call-osafterfork``, a C extension's ``fork()``)
+    would otherwise leave a child naming its parent in its tokens, whose lease
+    anyone could take over once the parent is gone (see ``forks``).
     """
-    global _token_prefix, _token_suffix, _holder, _pid
-    pid = os.getpid()
+    pid = forks.this_pid()
     if pid != _pid:
-        _token_prefix, _token_suffix, _holder, _pid = "", "", None, pid
+        _forget()
     return pid
+
+
+def _forget() -> None:
+    global _token_prefix, _token_suffix, _holder, _pid
+    _token_prefix, _token_suffix, _holder, _pid = "", "", None, os.getpid()
 
 
 def this_process() -> Holder:

@@ -34,10 +34,10 @@ import heapq
 import itertools
 import logging
 import math
-import os
 import threading
 from typing import TYPE_CHECKING
 
+from django_tasklock import forks
 from django_tasklock.leases.lease import clock
 from django_tasklock.notifier import log, mark_background
 
@@ -160,7 +160,7 @@ class DeadlineWatcher:
 
 
 _watcher = DeadlineWatcher()
-os.register_at_fork(after_in_child=_watcher._after_fork)
+forks.on_fork(_watcher._after_fork)
 
 
 def watcher() -> DeadlineWatcher:

@@ -68,3 +68,50 @@ def test_a_child_forked_without_python_hooks_names_itself() -> None:
     assert seen["process_pid"] == child
     assert seen["token_started"] == seen["own_start"], "the child's token has its parent's start"
     assert seen["mark_is_own"]
+
+
+HOLDER = textwrap.dedent(
+    """
+    import ctypes, json, os, sys, time
+
+    import django
+    from django.conf import settings
+
+    settings.configure(INSTALLED_APPS=["django_tasklock"], TASKLOCK_BACKEND="memory")
+    django.setup()
+
+    from django_tasklock import lock
+
+    with lock("parent's", ttl=60):  # the parent's heartbeat thread runs
+        pass
+    read, write = os.pipe()
+    pid = ctypes.CDLL(None, use_errno=True).fork()  # no os.register_at_fork hook runs
+    if pid == 0:
+        os.close(read)
+        with lock("child's", ttl=0.6, refresh_interval=0.1) as held:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and held._lease.answered_at <= held._lease.asked_at:
+                time.sleep(0.02)  # until a refresh of the child's was answered
+            time.sleep(1.2)  # twice its ttl: kept alive only by refreshes
+            seen = {"refreshed": held._lease.answered_at > held._lease.asked_at, "lost": held.lost}
+        os.write(write, json.dumps(seen).encode())
+        os._exit(0)
+    os.close(write)
+    data = b""
+    while chunk := os.read(read, 4096):
+        data += chunk
+    os.waitpid(pid, 0)
+    sys.stdout.write(data.decode())
+    """
+)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="libc fork: Linux")
+def test_a_child_forked_without_python_hooks_keeps_its_own_leases_alive() -> None:
+    """The parent's heartbeat thread is not the child's: the child starts its own."""
+    done = subprocess.run(
+        [sys.executable, "-c", HOLDER], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen == {"refreshed": True, "lost": False}, "the child's lease was never refreshed"
