@@ -19,7 +19,6 @@ import logging
 import os
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from types import FrameType, TracebackType
@@ -34,7 +33,7 @@ from django_tasklock.leases.heartbeat import heartbeat
 from django_tasklock.leases.lease import Lease, clock
 from django_tasklock.leases.releasing import discard, send_release
 from django_tasklock.leases.tokens import new_token, this_pid, this_process
-from django_tasklock.locking import loss
+from django_tasklock.locking import loss, wakeups
 from django_tasklock.locking.aio import keep, off_loop, refuse_event_loop
 from django_tasklock.locking.chosen import choose, remembered
 from django_tasklock.locking.options import LockOptions, check_lock_kwargs, validate_key
@@ -225,9 +224,23 @@ class AsyncLockMethods(loss.ActsOnLoss):
     async def _atake(
         self, backend: BaseBackend, seen: Acquisition | None, acquirer: Acquirer
     ) -> bool:
+        if not self.wait:  # one try: nothing to be woken for
+            return await self._await_turns(backend, seen, acquirer, None)
+        with wakeups.alistening(self.key) as woken:
+            return await self._await_turns(backend, seen, acquirer, woken)
+
+    async def _await_turns(
+        self,
+        backend: BaseBackend,
+        seen: Acquisition | None,
+        acquirer: Acquirer,
+        woken: asyncio.Event | None,
+    ) -> bool:
         backoff = Backoff(self.wait)
         look_first = False
         while True:
+            if woken is not None:
+                woken.clear()  # before the look: a release after it ends the pause below
             attempt = Attempt(acquirer)
             # Kept (aio.keep): it finishes, and is waited for, whatever becomes of us.
             running = keep(off_loop(self._attempt_once)(backend, look_first, attempt))
@@ -248,7 +261,8 @@ class AsyncLockMethods(loss.ActsOnLoss):
                 return False
             if seen is not None and not look_first:
                 seen.waiting()
-            await asyncio.sleep(pause)
+            assert woken is not None  # a pause: wait= is set
+            await wakeups.asleep(woken, pause)
             look_first = True
 
     async def arelease(self) -> None:
@@ -454,17 +468,19 @@ class Lock(AsyncLockMethods):
             return self._grant(backend)
         backoff = Backoff(self.wait)
         look_first = False
-        while True:
-            acquired, seconds_left = self._try_once(backend, look_first)
-            if acquired:
-                return True
-            pause = backoff.next_pause(seconds_left)
-            if pause is None:
-                return False
-            if seen is not None and not look_first:
-                seen.waiting()
-            time.sleep(pause)
-            look_first = True
+        with wakeups.listening(self.key) as woken:
+            while True:
+                woken.clear()  # before the look: a release after it ends the pause below
+                acquired, seconds_left = self._try_once(backend, look_first)
+                if acquired:
+                    return True
+                pause = backoff.next_pause(seconds_left)
+                if pause is None:
+                    return False
+                if seen is not None and not look_first:
+                    seen.waiting()
+                woken.wait(pause)
+                look_first = True
 
     def release(self) -> None:
         """Let go of the key (with ``min_hold``: not before acquisition + ``min_hold``).
@@ -633,6 +649,7 @@ class Lock(AsyncLockMethods):
             heartbeat().remove(lease, wait=self.min_hold is not None)
         finally:  # even interrupted here, the lease is released
             send_release(lease, self.min_hold)
+            wakeups.released(self.key)
             if observe.observer is not None:
                 observe.observer.released(lease)
 

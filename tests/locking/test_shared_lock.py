@@ -387,11 +387,13 @@ def test_a_grant_that_arrived_as_its_acquisition_was_cancelled_is_released_then_
 
 
 def sleeping(task: asyncio.Task[Any]) -> bool:
-    """``task`` is suspended in ``asyncio.sleep`` (its innermost coroutine), nowhere else."""
+    """``task`` is suspended in a waiter's pause (``wakeups.asleep``), nowhere else."""
     coroutine: Any = task.get_coro()
+    names = [coroutine.cr_code.co_name]
     while asyncio.iscoroutine(getattr(coroutine, "cr_await", None)):
         coroutine = coroutine.cr_await
-    return bool(coroutine.cr_code.co_name == "sleep")
+        names.append(coroutine.cr_code.co_name)
+    return "asleep" in names
 
 
 def test_a_cancelled_wait_between_attempts_frees_the_object_at_once() -> None:

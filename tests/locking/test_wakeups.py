@@ -1,0 +1,160 @@
+"""Waiters woken by a release of their key in the same process (locking/wakeups.py).
+
+The waiters' pauses are made longer than their ``wait`` here, so that a waiter
+can only take the key by being woken: without the wake-up, each one sleeps
+until its ``wait`` is over and gives up (these cases fail so). No timing is
+asserted; every bound is generous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from django_tasklock.api.service import TaskLockService
+from django_tasklock.exceptions import LockNotAcquired
+from django_tasklock.locking import waiting, wakeups
+from django_tasklock.testing import ContractBackend
+from django_tasklock.testing.support import wait_until
+
+WAIT = 30  # a waiter's whole wait: its one pause, unless it is woken
+
+
+@pytest.fixture(autouse=True)
+def _pauses_longer_than_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(waiting, "FIRST_PAUSE", 3600.0)
+    monkeypatch.setattr(waiting, "MAX_PAUSE", 3600.0)
+
+
+def test_a_release_between_a_look_and_the_pause_is_not_missed(
+    any_backend: ContractBackend, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release lands after the waiter found the key held, before it sleeps."""
+    service = TaskLockService(any_backend.backend)
+    holder = service.lock(key, ttl=60)
+    holder.acquire()
+    original = waiting.Backoff.next_pause
+    released = []
+
+    def release_then_pause(backoff: waiting.Backoff, seconds_left: float | None) -> float | None:
+        if not released:
+            released.append(True)
+            holder.release()  # in the waiter's thread, between its look and its pause
+        return original(backoff, seconds_left)
+
+    monkeypatch.setattr(waiting.Backoff, "next_pause", release_then_pause)
+    with service.lock(key, ttl=60, wait=WAIT) as held:
+        assert not held.lost
+    assert released == [True]
+
+
+def _waiters(key: str) -> int:
+    with wakeups._mutex:
+        return len(wakeups._waiters.get(key, ()))
+
+
+def _in_thread(
+    backend: ContractBackend, work: Callable[[], object]
+) -> tuple[threading.Thread, list[object]]:
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except Exception as error:
+            outcome.append(error)
+        finally:
+            backend.backend.close()  # this thread's connections
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_release_wakes_a_waiter_of_its_key(any_backend: ContractBackend, key: str) -> None:
+    service = TaskLockService(any_backend.backend)
+    holder = service.lock(key, ttl=60)
+    holder.acquire()
+
+    def wait_for_the_key() -> bool:
+        with service.lock(key, ttl=60, wait=WAIT) as held:
+            return not held.lost
+
+    thread, outcome = _in_thread(any_backend, wait_for_the_key)
+    wait_until(lambda: _waiters(key) == 1, timeout=WAIT)  # asleep until its wait ends
+    holder.release()
+    thread.join(2 * WAIT)
+    assert outcome == [True]
+    assert _waiters(key) == 0
+
+
+def test_each_release_wakes_the_waiters_until_all_took_the_key(
+    any_backend: ContractBackend, key: str
+) -> None:
+    """Two waiters, both woken by the first release: one takes the key, the other
+    sleeps again, and is woken by the release of the one that took it."""
+    service = TaskLockService(any_backend.backend)
+    order: list[str] = []
+    holder = service.lock(key, ttl=60)
+    holder.acquire()
+
+    def waiter(name: str) -> Callable[[], object]:
+        def run() -> object:
+            with service.lock(key, ttl=60, wait=WAIT):
+                order.append(name)
+            return name
+
+        return run
+
+    threads = [_in_thread(any_backend, waiter(name)) for name in ("a", "b")]
+    wait_until(lambda: _waiters(key) == 2, timeout=WAIT)
+    holder.release()
+    for thread, _ in threads:
+        thread.join(2 * WAIT)
+    assert sorted(order) == ["a", "b"]
+    assert [outcome for _, outcome in threads] in ([["a"], ["b"]], [["b"], ["a"]])
+
+
+def test_a_release_wakes_an_asyncio_waiter(any_backend: ContractBackend, key: str) -> None:
+    service = TaskLockService(any_backend.backend)
+    holder = service.lock(key, ttl=60)
+    holder.acquire()
+
+    async def main() -> bool:
+        async def wait_for_the_key() -> bool:
+            async with service.lock(key, ttl=60, wait=WAIT) as held:
+                return not held.lost
+
+        waiter = asyncio.ensure_future(wait_for_the_key())
+        for _ in range(WAIT * 100):
+            if _waiters(key) == 1 or waiter.done():
+                break
+            await asyncio.sleep(0.01)
+        try:
+            # Released from another thread, as a thread of a worker would.
+            await sync_to_async(release_and_close, thread_sensitive=False)()
+            return await asyncio.wait_for(waiter, 2 * WAIT)
+        finally:
+            await sync_to_async(any_backend.backend.close)()  # the ORM thread's connections
+
+    def release_and_close() -> None:
+        try:
+            holder.release()
+        finally:
+            any_backend.backend.close()
+
+    assert asyncio.run(main()) is True
+    assert _waiters(key) == 0
+
+
+def test_a_waiter_not_woken_gives_up_at_its_wait(any_backend: ContractBackend, key: str) -> None:
+    """The wake-up only brings a look forward: with none, the pause is the bound."""
+    service = TaskLockService(any_backend.backend)
+    with service.lock(key, ttl=60):
+        with pytest.raises(LockNotAcquired), service.lock(key, ttl=60, wait=0.2):
+            pytest.fail("acquired while held")
+        assert _waiters(key) == 0
