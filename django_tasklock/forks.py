@@ -12,11 +12,18 @@ saw last, which every new token asks (so before a child's first lock).
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import Callable
+
+logger = logging.getLogger("django_tasklock")
 
 _hooks: list[Callable[[], None]] = []
 _pid = os.getpid()  # the process the hooks last ran for (or this module was loaded in)
+_running = 0  # the pid whose hooks are running now (a hook that asks this_pid() again)
+#: One gate per pid, made in that process: none can be held by a thread the fork left behind.
+_gates: dict[int, threading.RLock] = {}
 
 
 def on_fork(hook: Callable[[], None]) -> None:
@@ -26,14 +33,31 @@ def on_fork(hook: Callable[[], None]) -> None:
 
 
 def this_pid() -> int:
-    """``os.getpid()``; first in a child forked without Python's hooks, those run."""
-    global _pid
+    """``os.getpid()``; first in a child forked without Python's hooks, those run.
+
+    The other threads of such a child that ask meanwhile wait until every
+    hook has run; a hook that fails is logged, and the others run.
+    """
     pid = os.getpid()
     if pid != _pid:
-        _pid = pid
-        for hook in _hooks:
-            hook()
+        _run_hooks(pid)
     return pid
+
+
+def _run_hooks(pid: int) -> None:
+    global _pid, _running
+    with _gates.setdefault(pid, threading.RLock()):
+        if pid == _pid or _running == pid:  # done by another thread, or asked by a hook
+            return
+        _running = pid
+        try:
+            for hook in _hooks:
+                try:
+                    hook()
+                except Exception:
+                    logger.exception("django-tasklock: a fork hook failed in process %s", pid)
+        finally:
+            _pid = pid
 
 
 def _forked() -> None:

@@ -18,6 +18,7 @@ from django_tasklock.contrib import require
 
 require("huey")
 
+import logging  # noqa: E402
 import threading  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from types import TracebackType  # noqa: E402
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
 __all__ = ["HueyLock", "TaskLock", "TaskLockedException", "install", "lock_task"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+logger = logging.getLogger("django_tasklock")
 
 #: Every ``lock_name`` a :class:`TaskLock` was made with in this process, as
 #: Huey keeps its instance's lock keys: what ``flush_locks()`` flushes (see
@@ -240,9 +243,14 @@ def install(huey: Huey, *, service: TaskLockService | None = None) -> None:
     ends the lease of every ``lock_name`` this process has made a
     :func:`lock_task` with, and of every name given, whoever holds it (as
     Huey's deletes its keys): the names of those it ended are in the set it
-    returns, with the names of Huey's own locks it flushed. ``service``: the
-    storage, as for :func:`lock_task` (default: ``TASKLOCK_BACKEND``).
-    Installing again replaces the service.
+    returns, with the names of Huey's own locks it flushed. The names are the
+    process's, not the instance's: with several Huey instances (queues), a
+    flush ends the leases of every queue's names. A name that no lock can
+    have (too long, a NUL) is logged and skipped. ``service``: the storage,
+    as for :func:`lock_task` (default: ``TASKLOCK_BACKEND``). Installing
+    again replaces the service. Install before the modules that decorate
+    with ``@huey.lock_task`` are imported: a decorator applied before keeps
+    Huey's own lock.
     """
     if not isinstance(huey, Huey):
         raise TypeError(f"huey must be a Huey instance, not {type(huey).__name__}")
@@ -259,7 +267,13 @@ def install(huey: Huey, *, service: TaskLockService | None = None) -> None:
         flushed: set[str] = set(original(*names))
         given = {name.strip() for name in names} - {""}  # run_huey --extra-locks "a,,b"
         for name in sorted(_NAMES | given):
-            if chosen.backend.force_release(validate_key(name)) is not None:
+            try:
+                validate_key(name)
+            except (TypeError, ValueError) as error:
+                # No lease can have it (Huey's own deletes a key that is not there).
+                logger.warning("flush_locks: %r is no lock name (%s)", name, error)
+                continue
+            if chosen.backend.force_release(name) is not None:
                 flushed.add(name)
         return flushed
 

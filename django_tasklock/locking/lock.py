@@ -158,9 +158,10 @@ def _dropped(lease: Lease, site: tuple[str, int, str] | None) -> None:
 
     Only marks it (the heartbeat warns and stops at its next due time): a
     collection may run on any thread, in the middle of anything, even the
-    heartbeat's own steps, so this takes no lock and makes no call.
+    heartbeat's own steps, so this takes no lock and makes no call (not even
+    ``this_pid()``, which may run the fork hooks).
     """
-    if not lease.closed and lease.pid == this_pid():
+    if not lease.closed and lease.pid == os.getpid():
         lease.dropped = site or ("an unknown place", 0, "?")
 
 

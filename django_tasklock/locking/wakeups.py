@@ -20,12 +20,23 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
+from django_tasklock import forks
+
 #: How to wake one waiter: a thread's event, or a task's with its loop.
 Waiter = threading.Event | tuple[asyncio.AbstractEventLoop, asyncio.Event]
 
 _mutex = threading.Lock()
 #: Per key, its waiters in this process.
 _waiters: dict[str, list[Waiter]] = {}
+
+
+def _forget() -> None:
+    """In a forked child: no waiter of the parent's is here; the mutex may have been held."""
+    global _mutex, _waiters
+    _mutex, _waiters = threading.Lock(), {}
+
+
+forks.on_fork(_forget)
 
 
 @contextlib.contextmanager
@@ -64,9 +75,16 @@ def alistening(key: str) -> Iterator[asyncio.Event]:
 
 
 async def asleep(woken: asyncio.Event, seconds: float) -> None:
-    """Await ``woken`` for ``seconds`` at most."""
-    with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-        await asyncio.wait_for(woken.wait(), seconds)
+    """Await ``woken`` for ``seconds`` at most.
+
+    Not ``asyncio.wait_for``: on Python 3.10 and 3.11 it returns normally when
+    the caller is cancelled as the event is set, and the cancellation is lost.
+    """
+    waiter = asyncio.ensure_future(woken.wait())
+    try:
+        await asyncio.wait({waiter}, timeout=seconds)
+    finally:
+        waiter.cancel()
 
 
 def released(key: str) -> None:

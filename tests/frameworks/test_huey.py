@@ -196,8 +196,9 @@ def test_install_is_hueys_methods_on_the_instance(contrib: Any, key: str) -> Non
     with lock(key, ttl=60, refresh_interval=0.1) as other:  # a holder still running
         assert huey.flush_locks() >= {key}
         wait_until(lambda: other.lost)
-    assert huey.flush_locks(key, "", " ") == set()  # run_huey --extra-locks "a,,b"
-    contrib.install(huey)  # again: one flush of Huey's own locks, not two
+    assert huey.flush_locks(key, "", " ", "x" * 300) == set()  # --extra-locks "a,,b", no lock
+    contrib.install(huey)  # again: its flush_locks calls Huey's own, not the first install's
+    assert huey._tasklock_flush_locks.__func__ is type(huey).flush_locks
     huey.put_if_empty(f"{huey.name}.lock.own", "1")
     assert huey.flush_locks("own") == {"own"}
 

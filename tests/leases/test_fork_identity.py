@@ -72,7 +72,7 @@ def test_a_child_forked_without_python_hooks_names_itself() -> None:
 
 HOLDER = textwrap.dedent(
     """
-    import ctypes, json, os, sys, time
+    import ctypes, faulthandler, json, os, sys, time
 
     import django
     from django.conf import settings
@@ -85,15 +85,18 @@ HOLDER = textwrap.dedent(
     with lock("parent's", ttl=60):  # the parent's heartbeat thread runs
         pass
     read, write = os.pipe()
-    pid = ctypes.CDLL(None, use_errno=True).fork()  # no os.register_at_fork hook runs
+    # PyDLL: the GIL stays with this thread across the fork (CDLL would let
+    # another thread hold it at that instant, and the child would hang).
+    pid = ctypes.PyDLL(None, use_errno=True).fork()  # no os.register_at_fork hook runs
     if pid == 0:
         os.close(read)
-        with lock("child's", ttl=0.6, refresh_interval=0.1) as held:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and held._lease.answered_at <= held._lease.asked_at:
-                time.sleep(0.02)  # until a refresh of the child's was answered
-            time.sleep(1.2)  # twice its ttl: kept alive only by refreshes
-            seen = {"refreshed": held._lease.answered_at > held._lease.asked_at, "lost": held.lost}
+        faulthandler.dump_traceback_later(90, exit=True)  # a hang: say where, and end
+        with lock("child's", ttl=3, refresh_interval=0.3) as held:
+            lease = held._lease
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and lease.answered_at < lease.asked_at + 4:
+                time.sleep(0.05)  # until a refresh answered past the first ttl's end
+            seen = {"refreshed": lease.answered_at >= lease.asked_at + 4, "lost": held.lost}
         os.write(write, json.dumps(seen).encode())
         os._exit(0)
     os.close(write)
@@ -110,7 +113,7 @@ HOLDER = textwrap.dedent(
 def test_a_child_forked_without_python_hooks_keeps_its_own_leases_alive() -> None:
     """The parent's heartbeat thread is not the child's: the child starts its own."""
     done = subprocess.run(
-        [sys.executable, "-c", HOLDER], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", HOLDER], capture_output=True, text=True, timeout=180, check=False
     )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)

@@ -1,9 +1,9 @@
 """Waiters woken by a release of their key in the same process (locking/wakeups.py).
 
-The waiters' pauses are made longer than their ``wait`` here, so that a waiter
-can only take the key by being woken: without the wake-up, each one sleeps
-until its ``wait`` is over and gives up (these cases fail so). No timing is
-asserted; every bound is generous.
+Here a waiter's pause is at least half an hour (its backoff made so, the
+holder's lease an hour, its ``wait`` an hour), so a waiter that takes the key
+within ``PATIENCE`` can only have been woken: without the wake-up, each case
+fails at that bound. No speed is asserted; the bound is generous.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from django_tasklock.locking import waiting, wakeups
 from django_tasklock.testing import ContractBackend
 from django_tasklock.testing.support import wait_until
 
-WAIT = 30  # a waiter's whole wait: its one pause, unless it is woken
+WAIT = 3600  # a waiter's whole wait, and the holder's lease: no pause ends before 1800 s
+PATIENCE = 60  # a woken waiter has taken the key by then
 
 
 @pytest.fixture(autouse=True)
@@ -35,10 +36,10 @@ def test_a_release_between_a_look_and_the_pause_is_not_missed(
 ) -> None:
     """The release lands after the waiter found the key held, before it sleeps."""
     service = TaskLockService(any_backend.backend)
-    holder = service.lock(key, ttl=60)
+    holder = service.lock(key, ttl=WAIT)
     holder.acquire()
     original = waiting.Backoff.next_pause
-    released = []
+    released: list[bool] = []
 
     def release_then_pause(backoff: waiting.Backoff, seconds_left: float | None) -> float | None:
         if not released:
@@ -47,8 +48,14 @@ def test_a_release_between_a_look_and_the_pause_is_not_missed(
         return original(backoff, seconds_left)
 
     monkeypatch.setattr(waiting.Backoff, "next_pause", release_then_pause)
-    with service.lock(key, ttl=60, wait=WAIT) as held:
-        assert not held.lost
+
+    def wait_for_the_key() -> bool:
+        with service.lock(key, ttl=WAIT, wait=WAIT) as held:
+            return not held.lost
+
+    thread, outcome = _in_thread(any_backend, wait_for_the_key)
+    thread.join(PATIENCE)
+    assert outcome == [True], "the release before the pause was missed"
     assert released == [True]
 
 
@@ -70,25 +77,27 @@ def _in_thread(
         finally:
             backend.backend.close()  # this thread's connections
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)  # a failing case leaves it asleep
     thread.start()
     return thread, outcome
 
 
 def test_a_release_wakes_a_waiter_of_its_key(any_backend: ContractBackend, key: str) -> None:
     service = TaskLockService(any_backend.backend)
-    holder = service.lock(key, ttl=60)
+    holder = service.lock(key, ttl=WAIT)
     holder.acquire()
 
     def wait_for_the_key() -> bool:
-        with service.lock(key, ttl=60, wait=WAIT) as held:
+        with service.lock(key, ttl=WAIT, wait=WAIT) as held:
             return not held.lost
 
     thread, outcome = _in_thread(any_backend, wait_for_the_key)
-    wait_until(lambda: _waiters(key) == 1, timeout=WAIT)  # asleep until its wait ends
+    wait_until(
+        lambda: _waiters(key) == 1, timeout=PATIENCE
+    )  # asleep: a pause of half an hour at least
     holder.release()
-    thread.join(2 * WAIT)
-    assert outcome == [True]
+    thread.join(PATIENCE)
+    assert outcome == [True], "not woken by the release"
     assert _waiters(key) == 0
 
 
@@ -99,45 +108,45 @@ def test_each_release_wakes_the_waiters_until_all_took_the_key(
     sleeps again, and is woken by the release of the one that took it."""
     service = TaskLockService(any_backend.backend)
     order: list[str] = []
-    holder = service.lock(key, ttl=60)
+    holder = service.lock(key, ttl=WAIT)
     holder.acquire()
 
     def waiter(name: str) -> Callable[[], object]:
         def run() -> object:
-            with service.lock(key, ttl=60, wait=WAIT):
+            with service.lock(key, ttl=WAIT, wait=WAIT):
                 order.append(name)
             return name
 
         return run
 
     threads = [_in_thread(any_backend, waiter(name)) for name in ("a", "b")]
-    wait_until(lambda: _waiters(key) == 2, timeout=WAIT)
+    wait_until(lambda: _waiters(key) == 2, timeout=PATIENCE)
     holder.release()
     for thread, _ in threads:
-        thread.join(2 * WAIT)
+        thread.join(PATIENCE)
     assert sorted(order) == ["a", "b"]
     assert [outcome for _, outcome in threads] in ([["a"], ["b"]], [["b"], ["a"]])
 
 
 def test_a_release_wakes_an_asyncio_waiter(any_backend: ContractBackend, key: str) -> None:
     service = TaskLockService(any_backend.backend)
-    holder = service.lock(key, ttl=60)
+    holder = service.lock(key, ttl=WAIT)
     holder.acquire()
 
     async def main() -> bool:
         async def wait_for_the_key() -> bool:
-            async with service.lock(key, ttl=60, wait=WAIT) as held:
+            async with service.lock(key, ttl=WAIT, wait=WAIT) as held:
                 return not held.lost
 
         waiter = asyncio.ensure_future(wait_for_the_key())
-        for _ in range(WAIT * 100):
+        for _ in range(PATIENCE * 100):
             if _waiters(key) == 1 or waiter.done():
                 break
             await asyncio.sleep(0.01)
         try:
             # Released from another thread, as a thread of a worker would.
             await sync_to_async(release_and_close, thread_sensitive=False)()
-            return await asyncio.wait_for(waiter, 2 * WAIT)
+            return await asyncio.wait_for(waiter, PATIENCE)
         finally:
             await sync_to_async(any_backend.backend.close)()  # the ORM thread's connections
 

@@ -545,7 +545,7 @@ def test_ctrl_c_at_the_prompt_cancels_quietly(
     # inherits that; exec keeps the default restored here.
     restore = (
         "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-        "os.execv(sys.executable, sys.argv[1:])"
+        "os.execv(sys.argv[1], sys.argv[1:])"
     )
     proc: subprocess.Popen[str] | None = None
     try:

@@ -162,6 +162,7 @@ class PrivateRedis:
         self.binary = require_binary(shutil.which("redis-server"), "redis-server")
         self.port = free_port()
         self.extra = extra
+        self.started = False
         # A replica's full sync writes an RDB file even with --save "": not in the checkout.
         self.dir = tempfile.mkdtemp(prefix="tasklock-redis-")
         self.process: subprocess.Popen[bytes] | None = None
@@ -171,13 +172,40 @@ class PrivateRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, *self.extra],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        wait_for_port(self.port)
+        """Start it; on its first start, on another free port if another process took
+        this one between ``free_port()`` and the server's bind (a parallel test worker)."""
+        for _ in range(5):
+            self.process = subprocess.Popen(
+                [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", self.dir, *self.extra],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            if self._answers_itself():
+                self.started = True
+                return
+            self.process.kill()
+            self.process.wait(10)
+            if self.started:
+                break  # a restart: its port must stay the same
+            self.port = free_port()
+        raise RuntimeError(f"redis-server could not listen on 127.0.0.1:{self.port}")
+
+    def _answers_itself(self) -> bool:
+        """Whether this server, not another process's, answers on the port."""
+        import redis
+
+        assert self.process is not None
+        end = time.monotonic() + 20
+        while time.monotonic() < end and self.process.poll() is None:
+            with contextlib.suppress(redis.RedisError):
+                client = redis.Redis(port=self.port, socket_timeout=1)
+                try:
+                    return bool(client.info("server")["process_id"] == self.process.pid)
+                finally:
+                    client.close()
+            time.sleep(0.05)
+        return False
 
     def stop(self) -> None:
         if self.process is not None:
