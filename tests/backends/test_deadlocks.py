@@ -32,6 +32,7 @@ from django_tasklock.backends.database.functions import UtcNow
 from django_tasklock.models import CacheEntry
 from django_tasklock.testing.support import wait_until
 from tests.conftest import require_service
+from tests.support.row_waits import innodb_row_waits
 
 pytestmark = pytest.mark.databases
 
@@ -63,6 +64,9 @@ class _Refresher:
         finally:
             connections.close_all()
 
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
     def result(self) -> Any:
         self._thread.join(60)
         assert not self._thread.is_alive(), "the refresh never finished"
@@ -71,8 +75,10 @@ class _Refresher:
         return self.out[0]
 
 
-def _someone_waits_for_me(alias: str) -> bool:
+def _someone_waits_for_me(alias: str, refresher: _Refresher) -> bool:
     """Whether a statement of another session waits for a row lock of this one."""
+    if refresher.done():
+        raise AssertionError(f"the refresh did not wait: {refresher.errors or refresher.out}")
     connection = connections[alias]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -80,13 +86,10 @@ def _someone_waits_for_me(alias: str) -> bool:
                 "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted"
                 " AND pg_backend_pid() = ANY(pg_blocking_pids(pid)))"
             )
-        else:
-            cursor.execute(
-                "SELECT COUNT(*) > 0 FROM information_schema.INNODB_LOCK_WAITS w"
-                " JOIN information_schema.INNODB_TRX t ON w.blocking_trx_id = t.trx_id"
-                " WHERE t.trx_mysql_thread_id = CONNECTION_ID()"
-            )
-        return bool(cursor.fetchone()[0])
+            return bool(cursor.fetchone()[0])
+        # MariaDB: a row lock of this test's table waited for (nothing else runs on its database).
+        table = f"of table `{connection.settings_dict['NAME']}`.`{CacheEntry._meta.db_table}`"
+        return any(table in wait.lock for wait in innodb_row_waits(connection))
 
 
 @contextmanager
@@ -139,8 +142,7 @@ def test_a_deadlock_victim_is_sent_again_unless_in_the_callers_transaction(
             _make_heavy(alias, key)
             rows.select_for_update().get(key=stored[HIGH])
             refresher = _Refresher(backend, items, in_test=in_test)
-            # MariaDB refreshes INNODB_TRX only after 0.1 s without a read of it.
-            wait_until(lambda: _someone_waits_for_me(alias), timeout=15, step=0.1)
+            wait_until(lambda: _someone_waits_for_me(alias, refresher), timeout=30, step=0.1)
             rows.select_for_update().get(key=stored[LOW])  # closes the cycle
             transaction.set_rollback(True, using=alias)
         if in_test:

@@ -41,6 +41,7 @@ from django_tasklock.backends.database.functions import UtcNow
 from django_tasklock.models import CacheEntry
 from django_tasklock.testing.support import wait_until
 from tests.conftest import require_service
+from tests.support.row_waits import innodb_row_waits
 
 pytestmark = pytest.mark.databases
 
@@ -103,13 +104,8 @@ class _Worker:
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
                 cursor.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [self.session])
-            else:
-                cursor.execute(
-                    "SELECT COUNT(*) > 0 FROM information_schema.INNODB_TRX "
-                    "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'",
-                    [self.session],
-                )
-            return bool(cursor.fetchone()[0])
+                return bool(cursor.fetchone()[0])
+        return any(wait.thread_id == self.session for wait in innodb_row_waits(connection))
 
     def result(self) -> Any:
         self._thread.join(60)
@@ -120,8 +116,7 @@ class _Worker:
 
 
 def _waits(worker: _Worker) -> None:
-    # MariaDB refreshes INNODB_TRX only after 0.1 s without a read of it.
-    wait_until(worker.waiting, timeout=10, step=0.25)
+    wait_until(worker.waiting, timeout=30, step=0.1)
 
 
 def _plant_abandoned(alias: str, stored: str, token: str) -> None:
