@@ -162,13 +162,19 @@ def test_shared_cache_memory_releases_and_acquisitions_under_contention(
     caplog.set_level("WARNING", logger="django_tasklock")
     errors: list[BaseException] = []
 
-    def in_thread(body: Any) -> Any:
+    def in_thread(body: Any, done: threading.Barrier) -> Any:
         def run() -> None:
             try:
                 body(TaskLockService(DatabaseBackend(using=shared_memory_alias())))
             except BaseException as exc:
                 errors.append(exc)
             finally:
+                # Closed once every thread of the round is done: on Python 3.10 sqlite3's close
+                # keeps the GIL while it waits for the shared cache's mutex, which a statement
+                # of another thread holds while it waits for the GIL (to call one of Django's
+                # SQL functions): the whole process hangs (CPython issue 86864, fixed in 3.11).
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    done.wait(timeout=150)
                 close_memory_connection("tasklock_shared")
 
         # A daemon: one stuck for good fails the test below, not the worker's exit.
@@ -189,10 +195,11 @@ def test_shared_cache_memory_releases_and_acquisitions_under_contention(
             result = service.run_exclusive(key, lambda: ran.append(True), wait=60, ttl=LONG)
             assert result.acquired
 
-        first = in_thread(holder)
+        done = threading.Barrier(1 + POLLERS)
+        first = in_thread(holder, done)
         first.start()
         assert acquired.wait(30)
-        pollers = [in_thread(poller) for _ in range(POLLERS)]
+        pollers = [in_thread(poller, done) for _ in range(POLLERS)]
         for thread in pollers:
             thread.start()
         deadline = time.monotonic() + 120
