@@ -19,6 +19,9 @@ from django_tasklock.leases import ticks
 from django_tasklock.testing import BackendRecipe, ContractBackend, faketime_worker_clock
 from tests.support import services
 
+#: A hung test ends its run within minutes, saying where (tests/support/hangs.py).
+pytest_plugins = ["tests.support.hangs"]
+
 #: Every database alias the suite runs against.
 DATABASE_ALIASES = [
     alias
