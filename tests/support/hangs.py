@@ -40,11 +40,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Iterator[None]:
-    watched = _stderr is not None and item.get_closest_marker("unbounded") is None
-    if watched:
-        faulthandler.dump_traceback_later(HUNG_AFTER, exit=True, file=_stderr)
+    stderr = None if item.get_closest_marker("unbounded") else _stderr
+    if stderr is not None:
+        faulthandler.dump_traceback_later(HUNG_AFTER, exit=True, file=stderr)
     try:
         yield
     finally:
-        if watched:
+        if stderr is not None:
             faulthandler.cancel_dump_traceback_later()
