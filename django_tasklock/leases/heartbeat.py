@@ -265,14 +265,22 @@ class Heartbeat(BatchRefresher):
             self._clocks.look(backend)
 
     def _reap(self) -> None:
-        """End the leases of this machine's dead holders on the backends of our leases."""
+        """End the leases of this machine's dead holders on the backends of our leases.
+
+        Counted as a tick of all our leases: their refreshes wait for it, and a
+        storage that keeps the reap waiting keeps the heartbeat behind (W012).
+        """
         with self._cond:
             self._reap_now = False
-            backends = {
-                id(lease.backend): lease.backend for _, _, lease in self._heap if not lease.closed
-            }
+            waiting = [lease for _, _, lease in self._heap if not lease.closed]
+            backends = {id(lease.backend): lease.backend for lease in waiting}
             self._touched.update(backends)  # the thread may open connections now
-        self._reaper.reap(backends.values())
+        tick = tick_started(waiting) if waiting else None
+        try:
+            self._reaper.reap(backends.values())
+        finally:
+            if tick is not None:
+                tick_ended(tick)
 
     def _run(self) -> None:
         try:

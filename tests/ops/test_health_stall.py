@@ -28,6 +28,7 @@ from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.checks import check_lock_health
+from django_tasklock.leases import heartbeat
 from django_tasklock.leases.lease import clock
 from django_tasklock.ops import health
 from django_tasklock.testing import BackendRecipe
@@ -138,6 +139,30 @@ def test_a_refresh_kept_waiting_by_a_paused_redis(server: PrivateRedis, key: str
             admin.client_unpause()
         assert found == {W012, W013}
         assert _until(set(), within=3 * INTERVAL) == set()
+        assert not lock.lost
+
+
+def test_a_reap_kept_waiting_by_a_paused_redis_shows_the_heartbeat_behind(
+    server: PrivateRedis, key: str
+) -> None:
+    """The heartbeat's look for dead holders (every 5 s, on its thread) waits for the paused
+    storage too, and every lease's refresh waits behind it: that is the heartbeat behind,
+    reported as W012 (before, only refreshes counted, and a pause that met a reap went
+    unseen)."""
+    holder = RedisBackend(url=f"{server.url}?socket_timeout={TTL}")
+    with TaskLockService(holder).lock(key, ttl=TTL, refresh_interval=INTERVAL) as lock:
+        time.sleep(1.5 * INTERVAL)
+        assert not health.heartbeat_findings()
+        beat = heartbeat._heartbeat
+        redis.Redis.from_url(server.url).client_pause(int(PAUSE * 1000), all=True)
+        with beat._cond:  # the reap is due now, during the pause
+            beat._reaper.due_at = clock()
+            beat._cond.notify_all()
+        try:
+            seen = _wait(lambda: bool(health.heartbeat_findings()), within=PAUSE - 2.5)
+        finally:
+            redis.Redis.from_url(server.url, socket_timeout=PAUSE + 5).client_unpause()
+        assert seen
         assert not lock.lost
 
 
