@@ -128,9 +128,8 @@ def test_a_refresh_kept_waiting_by_a_paused_redis(server: PrivateRedis, key: str
         paused_at = clock()
         admin.client_pause(int(PAUSE * 1000), all=True)
         try:
-            # Each check waits a second for the paused storage: sampling it for the tick
-            # falling behind missed it on a loaded machine. The tick is watched here, then
-            # the check is run once; the tick stays behind until the pause ends.
+            # The heartbeat is watched here (cheaply), then the check is run once (it waits
+            # a second for the paused storage); the heartbeat stays behind until the pause ends.
             assert _wait(lambda: bool(health.heartbeat_findings()), within=PAUSE - 2.5)
             # A paused Redis cannot be read either: only this process's heartbeat tells.
             found = _ids()
