@@ -84,6 +84,16 @@ HOLDER = textwrap.dedent(
 
     with lock("parent's", ttl=60):  # the parent's heartbeat thread runs
         pass
+    # A fork by libc keeps whatever lock another thread held at that instant held for good in
+    # the child (Python's own hooks would have reset its locks): fork once the heartbeat has
+    # let go of the released lease and waits, idle. Forked at once, as the heartbeat was
+    # closing the lease, the child hung once in a CI run.
+    from django_tasklock.leases import heartbeat
+
+    beat, deadline = heartbeat._heartbeat, time.monotonic() + 30
+    while time.monotonic() < deadline and (beat._heap or beat._touched):
+        time.sleep(0.05)
+    time.sleep(0.5)
     read, write = os.pipe()
     # PyDLL: the GIL stays with this thread across the fork (CDLL would let
     # another thread hold it at that instant, and the child would hang).
@@ -116,5 +126,6 @@ def test_a_child_forked_without_python_hooks_keeps_its_own_leases_alive() -> Non
         [sys.executable, "-c", HOLDER], capture_output=True, text=True, timeout=180, check=False
     )
     assert done.returncode == 0, done.stderr
+    assert done.stdout, f"the child said nothing (a hang? its stacks): {done.stderr}"
     seen = json.loads(done.stdout)
     assert seen == {"refreshed": True, "lost": False}, "the child's lease was never refreshed"
