@@ -91,7 +91,8 @@ def recent_ticks() -> list[Tick]:
 
 
 def tick_started(leases: Sequence[Lease]) -> Tick:
-    """Note a tick starting on ``leases``, all of one backend (on the heartbeat's thread)."""
+    """Note a tick starting on ``leases`` (on the heartbeat's thread): one backend's refreshes,
+    or the look for dead holders that every lease waits behind."""
     global _last, _recent
     now = clock()
     interval = min(lease.options.refresh_interval.total_seconds() for lease in leases)
