@@ -10,7 +10,9 @@ on the same server as the others of its group:
   classic compare-and-delete script by EVALSHA;
 - ``orm_floor`` (databases): a plain ``CacheEntry.objects.create(...)`` with the
   same values, then the same compiled token DELETE: the least a design that
-  keeps ``create()`` and its ``IntegrityError`` can cost;
+  keeps ``create()`` and its ``IntegrityError`` can cost (on PostgreSQL ours
+  sends that DELETE inside the statement that wakes other processes' waiters;
+  ``raw`` and ``orm_floor`` send the DELETE alone);
 - peers: django-db-mutex and django-pglock's advisory lock (PostgreSQL),
   redis-py's ``Lock`` and python-redis-lock with ``auto_renewal=True`` (Redis).
 """
@@ -116,9 +118,15 @@ def orm_floor(group: str, alias: str) -> Contender:
     manager = CacheEntry.objects.db_manager(alias)
     connections[alias].ensure_connection()
 
+    # The plain DELETE, not the statement ours sends (on PostgreSQL it also wakes
+    # waiters of other processes): the floor has no such work.
+    delete_params = delete.params(stored, token)
+
     def op() -> None:
         manager.create(key=stored, value=token, expires_at=expires_at, created_at=UtcNow())
-        check(delete.run(alias, stored, token) == 1, "ORM floor: DELETE removed no row")
+        with connections[alias].cursor() as cursor:
+            cursor.execute(delete.sql, delete_params)
+            check(cursor.rowcount == 1, "ORM floor: DELETE removed no row")
 
     return Contender(group, "orm_floor", "ORM create() + same DELETE", op)
 

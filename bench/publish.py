@@ -25,6 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 IDLE_PER_CORE = 0.3
 BEGIN, END = "<!-- speed:begin -->", "<!-- speed:end -->"
+HANDOFF = ("<!-- handoff:begin -->", "<!-- handoff:end -->")
 
 #: ratio name -> (storage, what ours is measured against)
 AGAINST = {
@@ -120,6 +121,48 @@ def release(result: dict[str, Any]) -> str:
     )
 
 
+STORAGES = {
+    "postgres": "PostgreSQL",
+    "redis": "Redis",
+    "mariadb": "MariaDB",
+    "sqlite": "SQLite (a file)",
+}
+
+
+def handoff(result: dict[str, Any]) -> str:
+    """The handoff table: p50 / p99 per storage, waiters and hold; the floors; the spread."""
+    block = result.get("handoff")
+    if not block:
+        return ""
+    lines = [
+        "| storage | waiters | hold | handoff p50 | p99 | from the release's start, p50 / p99 "
+        "| holds per participant (min-max) | longest wait |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for group, name in STORAGES.items():
+        for label, run in (block.get(group) or {}).items():
+            waiters, hold = label.removeprefix("waiters_").split("_hold_")
+            spread = run["holds_per_participant"]
+            lines.append(
+                f"| {name} | {waiters} | {hold} | {run['p50_ms']:g} ms | {run['p99_ms']:g} ms "
+                f"| {run['from_release_start_p50_ms']:g} / {run['from_release_start_p99_ms']:g}"
+                f" ms | {spread['min']}-{spread['max']} | {run['longest_wait_s']:g} s |"
+            )
+    floors = {
+        "raw_pg_advisory_lock": "PostgreSQL `pg_advisory_lock` (waiter blocked in the server)",
+        "raw_redis_pubsub": "Redis `PUBLISH` to a subscribed waiter, then `SET NX`",
+    }
+    for name, what in floors.items():
+        run = block.get(name)
+        if run:
+            lines.append(
+                f"| {what} | 1 | 50 ms | {run['p50_ms']:g} ms | {run['p99_ms']:g} ms "
+                f"| {run['from_release_start_p50_ms']:g} / {run['from_release_start_p99_ms']:g}"
+                " ms | - | - |"
+            )
+    return "\n".join(lines)
+
+
 def section(result: dict[str, Any], chart: str) -> str:
     """The generated text: the chart, both tables, the machine, the heartbeat."""
     ratios = (
@@ -141,11 +184,12 @@ def section(result: dict[str, Any], chart: str) -> str:
     return "\n\n".join(part for part in parts if part)
 
 
-def replace_between(text: str, body: str) -> str:
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"no {BEGIN} ... {END} in the page")
-    head, rest = text.split(BEGIN, 1)
-    return f"{head}{BEGIN}\n{body}\n{END}{rest.split(END, 1)[1]}"
+def replace_between(text: str, body: str, markers: tuple[str, str] | None = None) -> str:
+    begin, end = markers or (BEGIN, END)
+    if begin not in text or end not in text:
+        raise SystemExit(f"no {begin} ... {end} in the page")
+    head, rest = text.split(begin, 1)
+    return f"{head}{begin}\n{body}\n{end}{rest.split(end, 1)[1]}"
 
 
 def compact(result: dict[str, Any]) -> str:
@@ -196,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     docs, readme = ROOT / "docs" / "speed.md", ROOT / "README.md"
-    docs.write_text(replace_between(docs.read_text(), section(result, "../bench/results.png")))
+    page = replace_between(docs.read_text(), section(result, "../bench/results.png"))
+    table = handoff(result)
+    if table:
+        page = replace_between(page, f"{table}\n\n{machine(result)}", HANDOFF)
+    docs.write_text(page)
     readme.write_text(readme_section(readme.read_text(), compact(result)))
     print(f"wrote the Speed tables of {docs} and {readme}")
     return 0

@@ -123,6 +123,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             result["release"] = release
             result["release_p99_ms"] = {name: run["p99_ms"] for name, run in release.items()}
+        import handoff
+
+        result["handoff"] = handoff.handoff(up, args.quick)
         servers.log("OpenTelemetry cost ...")
         import otel_cost
 

@@ -219,8 +219,12 @@ def cluster_backend(redis_cluster: Any, key: str) -> Iterator[ContractBackend]:
 
 @pytest.fixture(scope="session", autouse=True)
 def _pgbouncer_lets_go(django_db_setup: None) -> Iterator[None]:
-    """Stop PgBouncer before the test databases are dropped: it holds connections to them."""
+    """Stop PgBouncer, and wait for waiters' listening connections to close, before the
+    test databases are dropped: both hold connections to them."""
     yield
+    from django_tasklock.backends import listening
+
+    assert listening.wait_closed(30), "a listening connection is still open"
     if "pgbouncer" in services.stoppers:
         services.stoppers["pgbouncer"]()
 

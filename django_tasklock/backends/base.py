@@ -20,10 +20,12 @@ import abc
 import dataclasses
 import enum
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any, ClassVar, NamedTuple
 
+from django_tasklock.backends.listening import Watch, unwatched
 from django_tasklock.durations import MAX_DURATION
 
 # Re-exported: the records are part of the backend contract (peek, list).
@@ -286,6 +288,17 @@ class BaseBackend(abc.ABC):
         cheaply: then no such check is made.
         """
         return None
+
+    def watch(self, key: str, wake: Callable[[], None]) -> AbstractContextManager[Watch]:
+        """For a waiter's whole wait: call ``wake`` when ``key`` is released in another process.
+
+        The watch it gives is ``ready`` once a release will be told; until
+        then (and always, by default: a storage that tells nobody) the waiter
+        polls at its shorter pause. A wake-up may be lost or come in vain: it
+        only brings the waiter's next look forward. One connection per
+        process for all waiters, never one per waiter (``backends.listening``).
+        """
+        return unwatched(storage_key(key))
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Let go of connections the calling thread holds (called by idle threads)."""

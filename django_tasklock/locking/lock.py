@@ -14,6 +14,7 @@ cancelled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self, Unpack
 
+    from django_tasklock.backends.listening import Watch
     from django_tasklock.leases.observe import Acquisition
     from django_tasklock.locking.aio import LossCanceller
     from django_tasklock.locking.options import LockKwargs
@@ -180,6 +182,10 @@ class AsyncLockMethods(loss.ActsOnLoss):
     #: While held: what marks the lease dropped if this object is collected.
     _dropped: weakref.finalize[[Lease, tuple[str, int, str] | None], AsyncLockMethods] | None
 
+    def _woken(self) -> None:
+        """The key was released in another process (told by the storage): its waiters look."""
+        wakeups.released(self.key)
+
     if TYPE_CHECKING:  # the synchronous steps, defined by Lock
 
         def _ready(self) -> BaseBackend: ...
@@ -226,9 +232,9 @@ class AsyncLockMethods(loss.ActsOnLoss):
         self, backend: BaseBackend, seen: Acquisition | None, acquirer: Acquirer
     ) -> bool:
         if not self.wait:  # one try: nothing to be woken for
-            return await self._await_turns(backend, seen, acquirer, None)
-        with wakeups.alistening(self.key) as woken:
-            return await self._await_turns(backend, seen, acquirer, woken)
+            return await self._await_turns(backend, seen, acquirer, None, None)
+        with wakeups.alistening(self.key) as woken, contextlib.ExitStack() as watching:
+            return await self._await_turns(backend, seen, acquirer, woken, watching)
 
     async def _await_turns(
         self,
@@ -236,12 +242,15 @@ class AsyncLockMethods(loss.ActsOnLoss):
         seen: Acquisition | None,
         acquirer: Acquirer,
         woken: asyncio.Event | None,
+        watching: contextlib.ExitStack | None,
     ) -> bool:
         backoff = Backoff(self.wait)
         look_first = False
+        watch: Watch | None = None  # other processes' releases: watched from the first pause
         while True:
             if woken is not None:
                 woken.clear()  # before the look: a release after it ends the pause below
+            told = watch is not None and watch.ready  # before the look, as woken
             attempt = Attempt(acquirer)
             # Kept (aio.keep): it finishes, and is waited for, whatever becomes of us.
             running = keep(off_loop(self._attempt_once)(backend, look_first, attempt))
@@ -257,12 +266,15 @@ class AsyncLockMethods(loss.ActsOnLoss):
                 raise
             if acquired:
                 return True
-            pause = backoff.next_pause(seconds_left)
+            pause = backoff.next_pause(seconds_left, told=told)
             if pause is None:
                 return False
+            assert woken is not None  # a pause: wait= is set
+            assert watching is not None
+            if watch is None:  # the backend is in use by now: no connection made here
+                watch = watching.enter_context(backend.watch(self.key, self._woken))
             if seen is not None and not look_first:
                 seen.waiting()
-            assert woken is not None  # a pause: wait= is set
             await wakeups.asleep(woken, pause)
             look_first = True
 
@@ -469,15 +481,19 @@ class Lock(AsyncLockMethods):
             return self._grant(backend)
         backoff = Backoff(self.wait)
         look_first = False
-        with wakeups.listening(self.key) as woken:
+        with wakeups.listening(self.key) as woken, contextlib.ExitStack() as watching:
+            watch: Watch | None = None  # other processes' releases: watched from the first pause
             while True:
                 woken.clear()  # before the look: a release after it ends the pause below
+                told = watch is not None and watch.ready  # before the look, as woken
                 acquired, seconds_left = self._try_once(backend, look_first)
                 if acquired:
                     return True
-                pause = backoff.next_pause(seconds_left)
+                pause = backoff.next_pause(seconds_left, told=told)
                 if pause is None:
                     return False
+                if watch is None:
+                    watch = watching.enter_context(backend.watch(self.key, self._woken))
                 if seen is not None and not look_first:
                     seen.waiting()
                 woken.wait(pause)

@@ -54,8 +54,13 @@ def _statements_sent(alias: str, work: Any) -> list[str]:
 
 
 def _kinds(statements: list[str]) -> list[str]:
-    """The first word of each statement: INSERT, BEGIN, ..."""
-    return [re.sub(r"^\s*\"?(\w+).*", r"\1", text).upper() for text in statements]
+    """The first word of each statement: INSERT, BEGIN, ...; of a ``WITH name AS (...)``,
+    the statement it runs (the release's DELETE, which notifies waiters from there)."""
+    words = []
+    for text in statements:
+        text = re.sub(r"^\s*\"?WITH \w+ AS \(", "", text, flags=re.IGNORECASE)
+        words.append(re.sub(r"^\s*\"?(\w+).*", r"\1", text).upper())
+    return words
 
 
 def test_refused_acquisition_is_one_insert_and_one_select_on_postgres() -> None:

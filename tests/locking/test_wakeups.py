@@ -29,6 +29,7 @@ PATIENCE = 60  # a woken waiter has taken the key by then
 def _pauses_longer_than_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(waiting, "FIRST_PAUSE", 3600.0)
     monkeypatch.setattr(waiting, "MAX_PAUSE", 3600.0)
+    monkeypatch.setattr(waiting, "POLL_PAUSE", 3600.0)
 
 
 def test_a_release_between_a_look_and_the_pause_is_not_missed(
@@ -41,11 +42,13 @@ def test_a_release_between_a_look_and_the_pause_is_not_missed(
     original = waiting.Backoff.next_pause
     released: list[bool] = []
 
-    def release_then_pause(backoff: waiting.Backoff, seconds_left: float | None) -> float | None:
+    def release_then_pause(
+        backoff: waiting.Backoff, seconds_left: float | None, **told: bool
+    ) -> float | None:
         if not released:
             released.append(True)
             holder.release()  # in the waiter's thread, between its look and its pause
-        return original(backoff, seconds_left)
+        return original(backoff, seconds_left, **told)
 
     monkeypatch.setattr(waiting.Backoff, "next_pause", release_then_pause)
 

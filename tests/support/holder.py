@@ -28,3 +28,22 @@ def hold_until_lost(recipe: BackendRecipe, key: str, conn: Connection) -> None:
 
     result = service.run_exclusive(key, work, ttl=30, refresh_interval=0.5)
     conn.send(("finished", result.lost))
+
+
+def hold_on_command(recipe: BackendRecipe, key: str, conn: Connection) -> None:
+    """Hold ``key`` (an hour's lease); on "release" or "force", end it so; then wait.
+
+    "force": an operator's force release, from this process too.
+    """
+    from django_tasklock.api.service import TaskLockService
+
+    backend = recipe.build()
+    lock = TaskLockService(backend).lock(key, ttl=3600)
+    lock.acquire()
+    conn.send("acquired")
+    if conn.recv() == "release":
+        lock.release()
+    else:
+        assert backend.force_release(key) is not None
+    conn.send("ended")
+    conn.recv()  # until the test is done

@@ -21,7 +21,8 @@ could delete a lease taken over in between.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -54,9 +55,11 @@ from django_tasklock.backends.database.fences import (
     upsert_returns,
 )
 from django_tasklock.backends.database.functions import Compiled, UtcNow, server_time
+from django_tasklock.backends.database.notifications import listener_for
 from django_tasklock.backends.database.releases import end_lease, record_forced
 from django_tasklock.backends.database.retries import retry_on_new_connection, retry_when_busy
 from django_tasklock.backends.forksafe import ForkSafeLock
+from django_tasklock.backends.listening import Watch
 from django_tasklock.conf import conf
 from django_tasklock.processes import holder_gone, this_machine
 
@@ -87,6 +90,7 @@ class DatabaseBackend(BaseBackend):
         self._cached_model: type[CacheEntry] | None = None
         # Per alias, the release DELETEs (live rows, any row), compiled once.
         self._releases: dict[str, tuple[db_statements.Release, db_statements.Release]] = {}
+        self._peeks: dict[str, db_statements.Peek] = {}  # per alias, compiled once
         self._lease_lengths: dict[timedelta, Compiled] = {}  # UtcNow() + length, built once
         self._batch: db_statements.Batch | None = None  # the last refresh_many's, kept
 
@@ -259,8 +263,8 @@ class DatabaseBackend(BaseBackend):
     @retry_when_busy
     def peek(self, key: str) -> HeldLock | None:
         with alias_for_reading(self.using) as alias:
-            found = db_rows.live(self._model(), alias).filter(key=storage_key(key)).first()
-        return db_rows.held(found) if found is not None else None
+            found = self._peek_statement(alias).run(alias, storage_key(key))
+        return db_rows.held_values(*found) if found is not None else None
 
     @names_missing_table
     @retry_when_busy
@@ -317,6 +321,12 @@ class DatabaseBackend(BaseBackend):
         with alias_for_reading(self.using) as alias:
             return server_time(connections[alias])
 
+    def watch(self, key: str, wake: Callable[[], None]) -> AbstractContextManager[Watch]:
+        """On PostgreSQL, the process's ``LISTEN`` connection (``notifications``); else none."""
+        if connections[self.using].vendor != "postgresql":
+            return super().watch(key, wake)
+        return listener_for(self.using).watch(storage_key(key), wake)
+
     def close(self) -> None:
         close_connections(self.using)
 
@@ -334,6 +344,13 @@ class DatabaseBackend(BaseBackend):
                 db_statements.Release(model, alias, live_only=False),
             )
             self._releases[alias] = compiled
+        return compiled
+
+    def _peek_statement(self, alias: str) -> db_statements.Peek:
+        """The look at a key for ``alias``, compiled on first use (again if its engine changed)."""
+        compiled = self._peeks.get(alias)
+        if compiled is None or compiled.engine != connections[alias].settings_dict["ENGINE"]:
+            compiled = self._peeks[alias] = db_statements.Peek(self._model(), alias)
         return compiled
 
     def _ends_in(self, length: timedelta) -> Compiled:

@@ -20,6 +20,8 @@ from django_tasklock.backends.base import STALE_AFTER, HeldLock, Holder, caller_
 from django_tasklock.backends.database.functions import AsUtc, UtcNow, aware_utc, in_namespace
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from django.db.models import QuerySet
 
     from django_tasklock.models import CacheEntry
@@ -85,13 +87,25 @@ def holder(model: type[CacheEntry], alias: str, stored: str) -> tuple[str, bool]
 
 def held(row: CacheEntry) -> HeldLock:
     """A row of :func:`live` as the API shows it: times in aware UTC, whatever ``USE_TZ`` is."""
-    expires_at = aware_utc(row.utc_expires)  # type: ignore[attr-defined]
-    server_now = aware_utc(row.server_now)  # type: ignore[attr-defined]
+    return held_values(
+        row.key,
+        row.value,
+        row.utc_created,  # type: ignore[attr-defined]
+        row.utc_expires,  # type: ignore[attr-defined]
+        row.server_now,  # type: ignore[attr-defined]
+    )
+
+
+def held_values(
+    stored: str, token: str, created: datetime, expires: datetime, now: datetime
+) -> HeldLock:
+    """:func:`held` of a row read as values (``statements.Peek``)."""
+    expires_at = aware_utc(expires)
     return HeldLock(
-        key=caller_key(row.key),
-        holder=Holder.from_token(row.value),
-        acquired_at=aware_utc(row.utc_created),  # type: ignore[attr-defined]
+        key=caller_key(stored),
+        holder=Holder.from_token(token),
+        acquired_at=aware_utc(created),
         expires_at=expires_at,
-        seconds_left=max(0.0, (expires_at - server_now).total_seconds()),
-        lease=lease_id(row.value),
+        seconds_left=max(0.0, (expires_at - aware_utc(now)).total_seconds()),
+        lease=lease_id(token),
     )

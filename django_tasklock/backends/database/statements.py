@@ -38,6 +38,7 @@ from django.db.models.functions import Least
 from django_tasklock.backends.base import Refresh, storage_key
 from django_tasklock.backends.database import timeouts
 from django_tasklock.backends.database.functions import UtcNow
+from django_tasklock.backends.database.notifications import notifying
 from django_tasklock.backends.database.timeouts import REFRESH_TIMEOUT as REFRESH_TIMEOUT
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ _KEY, _TOKEN = "\x00tasklock-key\x00", "\x00tasklock-token\x00"
 
 
 class Release:
-    """The release DELETE of one connection, compiled once: ``run(key, token)`` -> rows."""
+    """The release DELETE of one connection, compiled once: ``run(key, token)`` -> rows deleted."""
 
     def __init__(self, model: type[CacheEntry], alias: str, *, live_only: bool) -> None:
         rows = model.objects.using(alias).filter(key=_KEY, value=_TOKEN)
@@ -64,6 +65,11 @@ class Release:
         positions = {_KEY: 0, _TOKEN: 1}
         self._order = [positions[p] for p in params]  # where the key and the token go
         self.engine = connections[alias].settings_dict["ENGINE"]
+        #: What :meth:`run` sends: on PostgreSQL, :attr:`sql` that also wakes the
+        #: key's waiters in other processes (``notifications``).
+        self.statement = (
+            notifying(self.sql) if connections[alias].vendor == "postgresql" else self.sql
+        )
 
     def params(self, stored: str, token: str) -> list[str]:
         """The parameters of :attr:`sql` for this key and token, in the compiler's order."""
@@ -72,8 +78,53 @@ class Release:
 
     def run(self, alias: str, stored: str, token: str) -> int:
         with connections[alias].cursor() as cursor:
-            cursor.execute(self.sql, self.params(stored, token))
+            cursor.execute(self.statement, self.params(stored, token))
             return int(cursor.rowcount)
+
+
+class Peek:
+    """The look at one key's live row, compiled once per connection: ``run(key)`` -> row.
+
+    ``rows.live`` filtered by the key, read as (key, token, acquired, expires,
+    server's now), the times as ``AsUtc`` gives them, converted as the ORM
+    would. Compiling the queryset cost a waiter more than the SELECT itself.
+    """
+
+    def __init__(self, model: type[CacheEntry], alias: str) -> None:
+        from django_tasklock.backends.database.rows import live
+
+        rows = (
+            live(model, alias)
+            .filter(key=_KEY)
+            .values_list(
+                "key",
+                "value",
+                "utc_created",
+                "utc_expires",
+                "server_now",  # type: ignore[misc]
+            )[:1]
+        )
+        self._compiler = rows.query.get_compiler(alias)
+        self.sql, params = self._compiler.as_sql()
+        self._params = list(params)
+        self._key_at = [i for i, param in enumerate(self._params) if param == _KEY]
+        self._converters = self._compiler.get_converters(
+            [column[0] for column in self._compiler.select]
+        )
+        self.engine = connections[alias].settings_dict["ENGINE"]
+
+    def run(self, alias: str, stored: str) -> list[Any] | None:
+        params = list(self._params)
+        for i in self._key_at:
+            params[i] = stored
+        with connections[alias].cursor() as cursor:
+            cursor.execute(self.sql, params)
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        if not self._converters:
+            return list(row)
+        return list(next(iter(self._compiler.apply_converters([row], self._converters))))
 
 
 Row = tuple[str, str, timedelta, timedelta]  # stored key, token, ttl, max_lifetime

@@ -17,7 +17,8 @@ expires: we never steal what we cannot date.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ from django_tasklock.backends.base import (
     storage_key,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
+from django_tasklock.backends.listening import Watch
 from django_tasklock.backends.redis.calls import RefreshBatch, Scripts, answers_of, ms
 from django_tasklock.backends.redis.checks import (
     check_redis,
@@ -55,6 +57,7 @@ from django_tasklock.backends.redis.replicas import (
 )
 from django_tasklock.backends.redis.replies import held_lock, text
 from django_tasklock.backends.redis.scripts import fence_key, tombstone_key
+from django_tasklock.backends.redis.signals import RedisListener
 from django_tasklock.backends.redis.slots import tag_for
 from django_tasklock.backends.redis.urls import RedisURLError, parse_url
 from django_tasklock.durations import Duration
@@ -119,6 +122,8 @@ class RedisBackend(BaseBackend):
         self._batch: RefreshBatch | None = None
         #: The first use's ``maxmemory-policy`` look (W002), on a thread of its own.
         self.policy_check: threading.Thread | None = None
+        #: The process's subscriptions for waiters (``signals``), made on first wait.
+        self._listener: RedisListener | None = None
 
     @classmethod
     def from_settings(cls) -> RedisBackend:
@@ -186,6 +191,19 @@ class RedisBackend(BaseBackend):
                     tag_for(KEY_PREFIX)  # the slot table, built now rather than in a release
                 scripts = self._scripts
         return scripts
+
+    def watch(self, key: str, wake: Callable[[], None]) -> AbstractContextManager[Watch]:
+        """The process's ``SSUBSCRIBE`` connection (``signals``); none on a Cluster client."""
+        scripts = self._calls()
+        if scripts.cluster:
+            return super().watch(key, wake)
+        listener = self._listener
+        if listener is None:
+            with self._init_lock:
+                if self._listener is None:
+                    self._listener = RedisListener(scripts.client, location(scripts.client))
+                listener = self._listener
+        return listener.watch(storage_key(key), wake)
 
     def _run(self, name: str, key: str | bytes, *args: Any) -> Any:
         return self._calls().run(name, [key], args)

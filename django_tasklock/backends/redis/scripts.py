@@ -38,6 +38,12 @@ local function parse(value)
   if not token then return nil end
   return token, tonumber(ms), true
 end
+-- Wakes the waiters of a key just freed, in every process that listens for it
+-- (a shard channel named as the key: its hash slot). Before Redis 7.0 there is
+-- no SPUBLISH: pcall lets the script go on, and waiters poll.
+local function signal(key)
+  redis.pcall('SPUBLISH', key, '')
+end
 local function is_free(key, now, stale_ms)
   local pttl = redis.call('PTTL', key)
   if pttl < 0 then return pttl == -1 end  -- -2: gone; -1: no TTL
@@ -162,6 +168,7 @@ if hold > 0 then
 end
 redis.call('DEL', KEYS[1])
 redis.call('SET', KEYS[2], ARGV[1], 'PX', keep)
+signal(KEYS[1])
 return 1
 """,
     # "release" without its tombstone (KEYS[1] only), for a slot being migrated:
@@ -183,6 +190,7 @@ if hold > 0 then
   end
 end
 redis.call('DEL', KEYS[1])
+signal(KEYS[1])
 return 1
 """,
     # ARGV: a token as "inspect" gives it (a foreign value: the whole value).
@@ -191,7 +199,9 @@ return 1
 local value = redis.pcall('GET', KEYS[1])
 local token = parse(value)
 if token ~= ARGV[1] and value ~= ARGV[1] then return 0 end
-return redis.call('DEL', KEYS[1])
+local deleted = redis.call('DEL', KEYS[1])
+signal(KEYS[1])
+return deleted
 """,
     # KEYS[2]: the fence counter. ARGV: token, stale_ms. The key's next fencing
     # token while ARGV[1] holds the live lease, else nil: one more than the
@@ -238,12 +248,17 @@ return token
     "reap": """
 local token, _, released = parse(redis.pcall('GET', KEYS[1]))
 if token ~= ARGV[1] or released then return 0 end
-return redis.call('DEL', KEYS[1])
+local deleted = redis.call('DEL', KEYS[1])
+signal(KEYS[1])
+return deleted
 """,
     # ARGV: stale_ms, '1' to delete. 1 if the key is free (and now deleted).
     "clear": """
 if not is_free(KEYS[1], now_ms(), tonumber(ARGV[1])) then return 0 end
-if ARGV[2] == '1' then redis.call('DEL', KEYS[1]) end
+if ARGV[2] == '1' then
+  redis.call('DEL', KEYS[1])
+  signal(KEYS[1])
+end
 return 1
 """,
 }
