@@ -142,9 +142,11 @@ def handoff(result: dict[str, Any]) -> str:
     for group, name in STORAGES.items():
         for label, run in (block.get(group) or {}).items():
             waiters, hold = label.removeprefix("waiters_").split("_hold_")
+            seconds = float(hold.removesuffix("s"))
+            held = f"{seconds * 1000:g} ms" if seconds < 1 else f"{seconds:g} s"
             spread = run["holds_per_participant"]
             lines.append(
-                f"| {name} | {waiters} | {hold} | {run['p50_ms']:g} ms | {run['p99_ms']:g} ms "
+                f"| {name} | {waiters} | {held} | {run['p50_ms']:g} ms | {run['p99_ms']:g} ms "
                 f"| {run['from_release_start_p50_ms']:g} / {run['from_release_start_p99_ms']:g}"
                 f" ms | {spread['min']}-{spread['max']} | {run['longest_wait_s']:g} s |"
             )
