@@ -25,7 +25,7 @@ import abc
 import contextlib
 import logging
 import os
-import select
+import selectors
 import threading
 import time
 import weakref
@@ -89,6 +89,10 @@ class Listener(abc.ABC):
 
     def _forget(self) -> None:
         """In a forked child: the thread and its connection are the parent's."""
+        if self._pipe is not None:
+            for end in self._pipe:
+                with contextlib.suppress(OSError):
+                    os.close(end)  # the child's copies
         self._mutex = threading.Lock()
         self._wakes, self._ready, self._thread, self._pipe = {}, set(), None, None
 
@@ -98,8 +102,19 @@ class Listener(abc.ABC):
     def watch(self, stored: str, wake: Callable[[], None]) -> Iterator[Watch]:
         """Watch ``stored`` until the block ends; ``wake`` is called for each release heard."""
         with self._mutex:
-            self._wakes.setdefault(stored, []).append(wake)
-            self._start()
+            try:
+                self._start()
+            except Exception:  # no pipe or thread to be had (descriptors, shutdown)
+                started = False
+                logger.warning(
+                    "Task lock: no listener for %s; waiters poll.", self.name, exc_info=True
+                )
+            else:
+                started = True
+                self._wakes.setdefault(stored, []).append(wake)
+        if not started:
+            yield Watch(None, stored)
+            return
         self._poke()
         try:
             yield Watch(self, stored)
@@ -134,16 +149,22 @@ class Listener(abc.ABC):
         """Under the mutex: the thread, if it is not running."""
         if self._thread is not None:
             return
-        self._pipe = os.pipe()
-        for end in self._pipe:
-            os.set_blocking(end, False)
-        self._thread = threading.Thread(
-            target=self._run,
-            args=(self._pipe,),
-            name=f"tasklock-listener-{self.name}",
-            daemon=True,
-        )
-        self._thread.start()
+        pipe = os.pipe()
+        try:
+            for end in pipe:
+                os.set_blocking(end, False)
+            thread = threading.Thread(
+                target=self._run,
+                args=(pipe,),
+                name=f"tasklock-listener-{self.name}",
+                daemon=True,
+            )
+            thread.start()
+        except BaseException:
+            for end in pipe:
+                os.close(end)
+            raise
+        self._thread, self._pipe = thread, pipe
 
     def _poke(self) -> None:
         # Under the mutex: the thread closes its pipe only once it is no longer
@@ -170,50 +191,71 @@ class Listener(abc.ABC):
         listening: set[str] = set()
         connected = False
         retry_at = self._deaf_until
-        while True:
-            with self._mutex:
-                wanted = set(self._wakes)
+        try:
+            while True:
+                with self._mutex:
+                    wanted = set(self._wakes)
+                    # Ready only while watched: a key dropped and watched again is
+                    # not ready until the storage is asked for it again.
+                    self._ready.intersection_update(wanted)
                 if not wanted:
-                    self._thread, self._pipe = None, None
-                    self._ready.clear()
-                    break
-            try:
-                if not connected and time.monotonic() >= retry_at:
-                    connected = self.connect()
-                    if not connected:
-                        retry_at = self._deaf_until = time.monotonic() + DEAF_FOR
-                if connected:
-                    self._follow(wanted, listening)
-                    wait_on = [poked, self.fileno()]
-                else:
-                    wait_on = [poked]
-                readable, _, _ = select.select(wait_on, [], [], 1.0)
-                if poked in readable:
+                    if connected:  # closed before the thread is said to be gone
+                        connected = False
+                        listening.clear()
+                        self._quietly_close()
+                    with self._mutex:
+                        if not self._wakes:
+                            self._thread, self._pipe = None, None
+                            self._ready.clear()
+                            return
+                    continue
+                try:
+                    if not connected and time.monotonic() >= retry_at:
+                        connected = self.connect()
+                        if not connected:
+                            retry_at = self._deaf_until = time.monotonic() + DEAF_FOR
+                            logger.info(
+                                "Task lock: %s does not tell of releases; its waiters poll.",
+                                self.name,
+                            )
+                    if connected:
+                        self._follow(wanted, listening)
+                        # What came while it asked for keys is read now, not after a wait.
+                        self._tell(self.read())
+                    # Not select(): descriptors above 1023 too. Made anew each time: a
+                    # client that reconnected by itself has another socket.
+                    with selectors.DefaultSelector() as selector:
+                        selector.register(poked, selectors.EVENT_READ)
+                        if connected:
+                            selector.register(self.fileno(), selectors.EVENT_READ)
+                        selector.select(1.0)
                     with contextlib.suppress(OSError):
                         os.read(poked, 4096)
-                if connected:
-                    self._tell(self.read())
-            except Exception:
-                logger.warning(
-                    "Task lock: the listener of %s lost its connection; waiters poll "
-                    "until it is back.",
-                    self.name,
-                    exc_info=True,
-                )
-                self._ready.clear()
-                listening.clear()
-                connected = False
-                retry_at = time.monotonic() + RETRY_AFTER
-                with contextlib.suppress(Exception):
-                    self.close()
-        if connected:
-            with contextlib.suppress(Exception):
-                self.close()
+                    if connected:
+                        self._tell(self.read())
+                except Exception:
+                    logger.warning(
+                        "Task lock: the listener of %s lost its connection; waiters poll "
+                        "until it is back.",
+                        self.name,
+                        exc_info=True,
+                    )
+                    self._ready.clear()
+                    listening.clear()
+                    connected = False
+                    retry_at = time.monotonic() + RETRY_AFTER
+                    self._quietly_close()
+        finally:
+            if connected:
+                self._quietly_close()
+
+    def _quietly_close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
     def _follow(self, wanted: set[str], listening: set[str]) -> None:
         gone = listening - wanted
         if gone:
-            self._ready.difference_update(gone)
             self.drop(gone)
             listening.difference_update(gone)
         new = wanted - listening
@@ -221,7 +263,8 @@ class Listener(abc.ABC):
             self.add(new)
             listening.update(new)
             if self.ready_on_add:
-                self._ready.update(new)
+                with self._mutex:
+                    self._ready.update(key for key in new if key in self._wakes)
 
     def confirmed(self, stored: str) -> None:
         """On the thread: the storage confirmed that it tells of ``stored``'s releases."""

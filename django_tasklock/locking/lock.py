@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, cast
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.backends.forksafe import ForkSafeLock
+from django_tasklock.backends.listening import Watch
 from django_tasklock.exceptions import LockLost, LockNotAcquired
 from django_tasklock.leases import observe
 from django_tasklock.leases.heartbeat import heartbeat
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self, Unpack
 
-    from django_tasklock.backends.listening import Watch
     from django_tasklock.leases.observe import Acquisition
     from django_tasklock.locking.aio import LossCanceller
     from django_tasklock.locking.options import LockKwargs
@@ -186,6 +186,18 @@ class AsyncLockMethods(loss.ActsOnLoss):
         """The key was released in another process (told by the storage): its waiters look."""
         wakeups.released(self.key)
 
+    def _watch(self, backend: BaseBackend, watching: contextlib.ExitStack) -> Watch:
+        """The backend's watch of the key for this wait; one never ready if it fails."""
+        try:
+            return watching.enter_context(backend.watch(self.key, self._woken))
+        except Exception:
+            logger.warning(
+                "Task lock %r: its storage cannot tell this waiter of a release; it polls.",
+                self.key,
+                exc_info=True,
+            )
+            return Watch(None, self.key)
+
     if TYPE_CHECKING:  # the synchronous steps, defined by Lock
 
         def _ready(self) -> BaseBackend: ...
@@ -272,7 +284,7 @@ class AsyncLockMethods(loss.ActsOnLoss):
             assert woken is not None  # a pause: wait= is set
             assert watching is not None
             if watch is None:  # the backend is in use by now: no connection made here
-                watch = watching.enter_context(backend.watch(self.key, self._woken))
+                watch = self._watch(backend, watching)
             if seen is not None and not look_first:
                 seen.waiting()
             await wakeups.asleep(woken, pause)
@@ -493,7 +505,7 @@ class Lock(AsyncLockMethods):
                 if pause is None:
                     return False
                 if watch is None:
-                    watch = watching.enter_context(backend.watch(self.key, self._woken))
+                    watch = self._watch(backend, watching)
                 if seen is not None and not look_first:
                     seen.waiting()
                 woken.wait(pause)

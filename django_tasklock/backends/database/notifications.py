@@ -13,14 +13,15 @@ concurrent releasers lost ~30 % of their rate to an unconditional ``NOTIFY``,
 
 Behind PgBouncer's transaction pooling ``LISTEN`` hears nothing: the listener
 proves on connecting that a notification sent from another connection
-reaches it (:meth:`PostgresListener.connect`), else it reports this storage
-deaf and its waiters poll (tried again after :data:`DEAF_FOR`).
+reaches it within :data:`PROBE_WAIT` (:meth:`PostgresListener.connect`), else
+it reports this storage deaf and its waiters poll (asked again after
+``listening.DEAF_FOR``).
 """
 
 from __future__ import annotations
 
-import select
-import threading
+import contextlib
+import selectors
 import time
 import uuid
 from collections.abc import Iterable
@@ -28,6 +29,7 @@ from typing import Any
 
 from django.db import connections
 
+from django_tasklock.backends.forksafe import ForkSafeLock
 from django_tasklock.backends.listening import Listener
 
 #: The channel every release notifies, with the stored key as its payload.
@@ -37,7 +39,7 @@ NAMESPACE = 0x7461736B  # "task"
 #: How the listener's connections show in ``pg_stat_activity``.
 APPLICATION_NAME = "django-tasklock listener"
 #: Seconds a listener waits for its own proof notification.
-PROBE_WAIT = 2.0
+PROBE_WAIT = 5.0
 
 
 def notifying(delete_sql: str) -> str:
@@ -90,10 +92,14 @@ class PostgresListener(Listener):
         deadline = time.monotonic() + PROBE_WAIT
         while probe not in self._heard:
             left = deadline - time.monotonic()
-            if left <= 0:
-                self.close()  # deaf: PgBouncer's transaction pooling, say
+            if left <= 0:  # deaf: PgBouncer's transaction pooling, say
+                with contextlib.suppress(Exception):
+                    self._execute("UNLISTEN *")  # not left on a pooled server connection
+                self.close()
                 return False
-            select.select([self.fileno()], [], [], left)
+            with selectors.DefaultSelector() as selector:
+                selector.register(self.fileno(), selectors.EVENT_READ)
+                selector.select(left)
             self._drain()
         return True
 
@@ -145,7 +151,7 @@ class PostgresListener(Listener):
 
 
 _listeners: dict[str, PostgresListener] = {}
-_listeners_mutex = threading.Lock()
+_listeners_mutex = ForkSafeLock()
 
 
 def listener_for(alias: str) -> PostgresListener:

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 from django.db.models import F, Q, sql
 from django.db.models.functions import Least
+from django.utils.dateparse import parse_datetime
 
 from django_tasklock.backends.base import Refresh, storage_key
 from django_tasklock.backends.database import timeouts
@@ -86,8 +87,11 @@ class Peek:
     """The look at one key's live row, compiled once per connection: ``run(key)`` -> row.
 
     ``rows.live`` filtered by the key, read as (key, token, acquired, expires,
-    server's now), the times as ``AsUtc`` gives them, converted as the ORM
-    would. Compiling the queryset cost a waiter more than the SELECT itself.
+    server's now), the times as ``AsUtc`` gives them. Compiling the queryset
+    cost a waiter more than the SELECT itself. Only the SQL is kept (no
+    compiler, which would keep the compiling thread's connection alive); the
+    times come back as ``datetime`` or, on SQLite, as text, parsed here (their
+    zone is set by ``rows.held_values``).
     """
 
     def __init__(self, model: type[CacheEntry], alias: str) -> None:
@@ -104,16 +108,12 @@ class Peek:
                 "server_now",  # type: ignore[misc]
             )[:1]
         )
-        self._compiler = rows.query.get_compiler(alias)
-        self.sql, params = self._compiler.as_sql()
+        self.sql, params = rows.query.get_compiler(alias).as_sql()
         self._params = list(params)
         self._key_at = [i for i, param in enumerate(self._params) if param == _KEY]
-        self._converters = self._compiler.get_converters(
-            [column[0] for column in self._compiler.select]
-        )
         self.engine = connections[alias].settings_dict["ENGINE"]
 
-    def run(self, alias: str, stored: str) -> list[Any] | None:
+    def run(self, alias: str, stored: str) -> tuple[str, str, datetime, datetime, datetime] | None:
         params = list(self._params)
         for i in self._key_at:
             params[i] = stored
@@ -122,9 +122,18 @@ class Peek:
             row = cursor.fetchone()
         if row is None:
             return None
-        if not self._converters:
-            return list(row)
-        return list(next(iter(self._compiler.apply_converters([row], self._converters))))
+        key, token, *times = row
+        created, expires, now = (_moment(value) for value in times)
+        return key, token, created, expires, now
+
+
+def _moment(value: datetime | str) -> datetime:
+    if isinstance(value, datetime):
+        return value
+    parsed = parse_datetime(value)
+    if parsed is None:  # pragma: no cover - never from AsUtc
+        raise ValueError(f"not a time: {value!r}")
+    return parsed
 
 
 Row = tuple[str, str, timedelta, timedelta]  # stored key, token, ttl, max_lifetime

@@ -10,9 +10,11 @@ Each process with a waiter keeps one ``SSUBSCRIBE`` connection
 (:class:`RedisListener`, see ``backends.listening``), subscribed to the keys
 its waiters watch. A key's watch is ready once the server confirmed its
 subscription. Before Redis 7.0 there is no shard channel: the listener finds
-its first subscription refused and reports the storage deaf, and waiters
-poll. Channels are the server's, not a database's: a release of the same key
-in another database of the server wakes a waiter for one look in vain.
+its first subscription refused (as it is for an ACL user without channel
+permissions, and with redis-py before 5.0, which cannot ask) and reports the
+storage deaf, and waiters poll. Channels are the server's, not a
+database's: a release of the same key in another database of the server
+wakes a waiter for one look in vain.
 
 Not on a Redis Cluster client yet: there each node's subscriptions need a
 connection of their own, and waiters poll.
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     import redis
 
 #: Seconds the listener waits for its first subscription's confirmation.
-CONFIRM_WAIT = 2.0
+CONFIRM_WAIT = 5.0
 
 
 def _text(value: Any) -> str:
@@ -54,26 +56,29 @@ class RedisListener(Listener):
         self._pubsub = None  # the parent's connection: left to the parent
 
     def connect(self) -> bool:
+        from redis.exceptions import ResponseError
+
         pubsub = self._pubsub = self._client.pubsub()
+        if not hasattr(pubsub, "ssubscribe"):  # redis-py before 5.0
+            self.close()
+            return False
         # A channel of this listener alone: the connection exists from now on,
         # and its confirmation says that this server has shard channels.
         own = f"tasklock-listener:{uuid.uuid4().hex}"
-        pubsub.ssubscribe(own)
-        deadline = time.monotonic() + CONFIRM_WAIT
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.close()
-                return False
-            try:
+        try:
+            pubsub.ssubscribe(own)
+            deadline = time.monotonic() + CONFIRM_WAIT
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:  # slow, not refused: tried again soon
+                    raise TimeoutError(f"no confirmation of SSUBSCRIBE in {CONFIRM_WAIT:g} s")
                 message = pubsub.get_message(timeout=left)
-            except Exception as exc:
-                if "unknown command" in str(exc).lower():  # Redis before 7.0
-                    self.close()
-                    return False
-                raise
-            if message and message["type"] == "ssubscribe" and _text(message["channel"]) == own:
-                return True
+                confirmed = message and message["type"] == "ssubscribe"
+                if confirmed and _text(message["channel"]) == own:
+                    return True
+        except ResponseError:  # refused: Redis before 7.0, or an ACL without channels
+            self.close()
+            return False
 
     def add(self, stored: Iterable[str]) -> None:
         self._pubsub.ssubscribe(*stored)
