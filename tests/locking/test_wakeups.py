@@ -9,7 +9,6 @@ fails at that bound. No speed is asserted; the bound is generous.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 
 import pytest
@@ -20,6 +19,7 @@ from django_tasklock.exceptions import LockNotAcquired
 from django_tasklock.locking import waiting, wakeups
 from django_tasklock.testing import ContractBackend
 from django_tasklock.testing.support import wait_until
+from tests.support.waiters import in_thread
 
 WAIT = 3600  # a waiter's whole wait, and the holder's lease: no pause ends before 1800 s
 PATIENCE = 60  # a woken waiter has taken the key by then
@@ -56,7 +56,7 @@ def test_a_release_between_a_look_and_the_pause_is_not_missed(
         with service.lock(key, ttl=WAIT, wait=WAIT) as held:
             return not held.lost
 
-    thread, outcome = _in_thread(any_backend, wait_for_the_key)
+    thread, outcome = in_thread(any_backend, wait_for_the_key)
     thread.join(PATIENCE)
     assert outcome == [True], "the release before the pause was missed"
     assert released == [True]
@@ -65,24 +65,6 @@ def test_a_release_between_a_look_and_the_pause_is_not_missed(
 def _waiters(key: str) -> int:
     with wakeups._mutex:
         return len(wakeups._waiters.get(key, ()))
-
-
-def _in_thread(
-    backend: ContractBackend, work: Callable[[], object]
-) -> tuple[threading.Thread, list[object]]:
-    outcome: list[object] = []
-
-    def run() -> None:
-        try:
-            outcome.append(work())
-        except Exception as error:
-            outcome.append(error)
-        finally:
-            backend.backend.close()  # this thread's connections
-
-    thread = threading.Thread(target=run, daemon=True)  # a failing case leaves it asleep
-    thread.start()
-    return thread, outcome
 
 
 def test_a_release_wakes_a_waiter_of_its_key(any_backend: ContractBackend, key: str) -> None:
@@ -94,7 +76,7 @@ def test_a_release_wakes_a_waiter_of_its_key(any_backend: ContractBackend, key: 
         with service.lock(key, ttl=WAIT, wait=WAIT) as held:
             return not held.lost
 
-    thread, outcome = _in_thread(any_backend, wait_for_the_key)
+    thread, outcome = in_thread(any_backend, wait_for_the_key)
     wait_until(
         lambda: _waiters(key) == 1, timeout=PATIENCE
     )  # asleep: a pause of half an hour at least
@@ -122,7 +104,7 @@ def test_each_release_wakes_the_waiters_until_all_took_the_key(
 
         return run
 
-    threads = [_in_thread(any_backend, waiter(name)) for name in ("a", "b")]
+    threads = [in_thread(any_backend, waiter(name)) for name in ("a", "b")]
     wait_until(lambda: _waiters(key) == 2, timeout=PATIENCE)
     holder.release()
     for thread, _ in threads:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,6 +30,7 @@ from django_tasklock.testing.support import wait_until
 from django_tasklock.testing.workers import BackendRecipe
 from tests.conftest import database_backend, redis_backend, require_service
 from tests.support.holder import hold_on_command
+from tests.support.waiters import in_thread
 
 pytestmark = pytest.mark.databases
 
@@ -96,24 +96,6 @@ def pauses_told(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return pauses
 
 
-def _in_thread(
-    backend: ContractBackend, work: Callable[[], object]
-) -> tuple[threading.Thread, list[object]]:
-    outcome: list[object] = []
-
-    def run() -> None:
-        try:
-            outcome.append(work())
-        except Exception as error:
-            outcome.append(error)
-        finally:
-            backend.backend.close()
-
-    thread = threading.Thread(target=run, daemon=True)  # a failing case leaves it asleep
-    thread.start()
-    return thread, outcome
-
-
 def _wait_for(service: TaskLockService, key: str) -> Callable[[], object]:
     def wait() -> object:
         with service.lock(key, ttl=60, wait=HOUR) as held:
@@ -126,15 +108,28 @@ def _wait_for(service: TaskLockService, key: str) -> Callable[[], object]:
 def test_a_release_in_another_process_wakes_the_waiter(
     telling: ContractBackend, key: str, pauses_told: list[bool], how: str
 ) -> None:
+    service = TaskLockService(telling.backend)
+    outcome = _woken_by(telling, key, how, _wait_for(service, key), pauses_told)
+    assert outcome == [True], f"not woken by the other process's {how}"
+
+
+def _woken_by(
+    telling: ContractBackend,
+    key: str,
+    how: str,
+    wait: Callable[[], object],
+    pauses_told: list[bool],
+) -> list[object]:
+    """``wait`` in a thread while another process holds ``key``; once it sleeps a told
+    pause (an hour), the holder ends its lease by ``how``: what ``wait`` gave within PATIENCE."""
     assert telling.recipe is not None
     holder = Holder(telling.recipe, key)
     try:
-        service = TaskLockService(telling.backend)
-        thread, outcome = _in_thread(telling, _wait_for(service, key))
+        thread, outcome = in_thread(telling, wait)
         wait_until(lambda: True in pauses_told, timeout=PATIENCE)  # asleep for an hour
         holder.end(how)
         thread.join(PATIENCE)
-        assert outcome == [True], f"not woken by the other process's {how}"
+        return outcome
     finally:
         holder.stop()
 
@@ -142,25 +137,17 @@ def test_a_release_in_another_process_wakes_the_waiter(
 def test_an_asyncio_waiter_is_woken_by_another_process(
     telling: ContractBackend, key: str, pauses_told: list[bool]
 ) -> None:
-    assert telling.recipe is not None
-    holder = Holder(telling.recipe, key)
-    try:
-        service = TaskLockService(telling.backend)
+    service = TaskLockService(telling.backend)
 
-        async def wait() -> bool:
-            try:
-                async with service.lock(key, ttl=60, wait=HOUR) as held:
-                    return not held.lost
-            finally:
-                await sync_to_async(telling.backend.close)()  # the ORM thread's connections
+    async def wait() -> bool:
+        try:
+            async with service.lock(key, ttl=60, wait=HOUR) as held:
+                return not held.lost
+        finally:
+            await sync_to_async(telling.backend.close)()  # the ORM thread's connections
 
-        thread, outcome = _in_thread(telling, lambda: asyncio.run(wait()))
-        wait_until(lambda: True in pauses_told, timeout=PATIENCE)
-        holder.end("release")
-        thread.join(PATIENCE)
-        assert outcome == [True], "the asyncio waiter was not woken"
-    finally:
-        holder.stop()
+    outcome = _woken_by(telling, key, "release", lambda: asyncio.run(wait()), pauses_told)
+    assert outcome == [True], "the asyncio waiter was not woken"
 
 
 def _listener_count(telling: ContractBackend, key: str) -> int:
@@ -187,7 +174,7 @@ def test_many_waiters_of_a_process_share_one_listening_connection(
     holder = Holder(telling.recipe, key)
     try:
         service = TaskLockService(telling.backend)
-        waiters = [_in_thread(telling, _wait_for(service, key)) for _ in range(8)]
+        waiters = [in_thread(telling, _wait_for(service, key)) for _ in range(8)]
         wait_until(lambda: pauses_told.count(True) >= 8, timeout=PATIENCE)
         assert _listener_count(telling, key) == 1  # eight waiters, one connection
         if telling.name == "postgres":
@@ -240,7 +227,7 @@ def test_a_wake_up_lost_with_the_listening_connection_still_ends_in_acquisition(
     try:
         service = TaskLockService(telling.backend)
         stored = storage_key(key)
-        thread, outcome = _in_thread(telling, _wait_for(service, key))
+        thread, outcome = in_thread(telling, _wait_for(service, key))
         wait_until(lambda: _is_ready(telling, stored), timeout=PATIENCE)
         _kill_listener(telling)
         wait_until(lambda: not _is_ready(telling, stored), timeout=PATIENCE)
@@ -263,7 +250,7 @@ def test_waiters_behind_pgbouncer_transaction_pooling_still_acquire(
     try:
         service = TaskLockService(through.backend)
         listener = notifications.listener_for("pgbouncer")
-        thread, outcome = _in_thread(through, _wait_for(service, key))
+        thread, outcome = in_thread(through, _wait_for(service, key))
         wait_until(lambda: listener._deaf_until > time.monotonic(), timeout=PATIENCE)
         holder.end("release")
         thread.join(PATIENCE)
