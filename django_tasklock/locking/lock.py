@@ -257,7 +257,7 @@ class AsyncLockMethods(loss.ActsOnLoss):
         watching: contextlib.ExitStack | None,
     ) -> bool:
         backoff = Backoff(self.wait)
-        look_first = False
+        look_first = waited = False
         watch: Watch | None = None  # other processes' releases: watched from the first pause
         while True:
             if woken is not None:
@@ -285,10 +285,10 @@ class AsyncLockMethods(loss.ActsOnLoss):
             assert watching is not None
             if watch is None:  # the backend is in use by now: no connection made here
                 watch = self._watch(backend, watching)
-            if seen is not None and not look_first:
+            if seen is not None and not waited:
                 seen.waiting()
-            await wakeups.asleep(woken, pause)
-            look_first = True
+            waited = True
+            look_first = not await wakeups.asleep(woken, pause)  # as in _take
 
     async def arelease(self) -> None:
         """:meth:`release` off the event loop; it completes even if the caller is cancelled.
@@ -492,7 +492,7 @@ class Lock(AsyncLockMethods):
             self.seen = None  # see _try_once
             return self._grant(backend)
         backoff = Backoff(self.wait)
-        look_first = False
+        look_first = waited = False
         with wakeups.listening(self.key) as woken, contextlib.ExitStack() as watching:
             watch: Watch | None = None  # other processes' releases: watched from the first pause
             while True:
@@ -506,10 +506,12 @@ class Lock(AsyncLockMethods):
                     return False
                 if watch is None:
                     watch = self._watch(backend, watching)
-                if seen is not None and not look_first:
+                if seen is not None and not waited:
                     seen.waiting()
-                woken.wait(pause)
-                look_first = True
+                waited = True
+                # Woken by a release, the key is most likely free: ask for it at
+                # once. Otherwise read before writing (see _try_once).
+                look_first = not woken.wait(pause)
 
     def release(self) -> None:
         """Let go of the key (with ``min_hold``: not before acquisition + ``min_hold``).
@@ -594,8 +596,11 @@ class Lock(AsyncLockMethods):
     def _try_once(self, backend: BaseBackend, look_first: bool) -> tuple[bool, float | None]:
         """One look at the key: (acquired, seconds the holder's lease has left if seen).
 
-        A waiter reads before it writes: while the key is held, polling costs
-        one read and no failed INSERT (which PostgreSQL would log as an error).
+        A waiter that polls reads before it writes (``look_first``): while the
+        key is held, a look costs one read and no failed INSERT (which
+        PostgreSQL would log as an error). One woken by a release writes at
+        once: the key is most likely free, and the read would only delay the
+        grant; if another waiter took it first, its INSERT fails.
         """
         if look_first:
             held = backend.peek(self.key)

@@ -74,15 +74,16 @@ def alistening(key: str) -> Iterator[asyncio.Event]:
         yield woken
 
 
-async def asleep(woken: asyncio.Event, seconds: float) -> None:
-    """Await ``woken`` for ``seconds`` at most.
+async def asleep(woken: asyncio.Event, seconds: float) -> bool:
+    """Await ``woken`` for ``seconds`` at most; True if it was set.
 
     Not ``asyncio.wait_for``: on Python 3.10 and 3.11 it returns normally when
     the caller is cancelled as the event is set, and the cancellation is lost.
     """
     waiter = asyncio.ensure_future(woken.wait())
     try:
-        await asyncio.wait({waiter}, timeout=seconds)
+        done, _ = await asyncio.wait({waiter}, timeout=seconds)
+        return bool(done)
     finally:
         waiter.cancel()
 

@@ -152,3 +152,79 @@ def test_a_waiter_not_woken_gives_up_at_its_wait(any_backend: ContractBackend, k
         with pytest.raises(LockNotAcquired), service.lock(key, ttl=60, wait=0.2):
             pytest.fail("acquired while held")
         assert _waiters(key) == 0
+
+
+def _requests(backend: object, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """From now on, each look at a key (``peek``) and each ask for it (``acquire``) and
+    its answer, in order."""
+    requests: list[str] = []
+    peek, acquire = backend.peek, backend.acquire  # type: ignore[attr-defined]
+
+    def counted_peek(key: str) -> object:
+        requests.append("peek")
+        return peek(key)
+
+    def counted_acquire(key: str, token: str, **options: object) -> bool:
+        granted = bool(acquire(key, token, **options))
+        requests.append(f"acquire: {granted}")  # once answered
+        return granted
+
+    monkeypatch.setattr(backend, "peek", counted_peek)
+    monkeypatch.setattr(backend, "acquire", counted_acquire)
+    return requests
+
+
+def test_a_woken_waiter_asks_for_the_key_without_a_look_first(
+    any_backend: ContractBackend, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release says the key is free: the next request is for the key, not a read
+    of it that would only delay the grant by a round trip."""
+    service = TaskLockService(any_backend.backend)
+    holder = service.lock(key, ttl=WAIT)
+    holder.acquire()
+    requests = _requests(any_backend.backend, monkeypatch)
+
+    def wait_for_the_key() -> bool:
+        with service.lock(key, ttl=WAIT, wait=WAIT) as held:
+            return not held.lost
+
+    thread, outcome = in_thread(any_backend, wait_for_the_key)
+    wait_until(lambda: requests == ["acquire: False"], timeout=PATIENCE)  # it pauses
+    holder.release()
+    thread.join(PATIENCE)
+    assert outcome == [True], "not woken by the release"
+    assert requests == ["acquire: False", "acquire: True"]
+
+
+def test_a_woken_asyncio_waiter_asks_for_the_key_without_a_look_first(
+    any_backend: ContractBackend, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = TaskLockService(any_backend.backend)
+    holder = service.lock(key, ttl=WAIT)
+    holder.acquire()
+    requests = _requests(any_backend.backend, monkeypatch)
+
+    async def main() -> bool:
+        async def wait_for_the_key() -> bool:
+            async with service.lock(key, ttl=WAIT, wait=WAIT) as held:
+                return not held.lost
+
+        waiter = asyncio.ensure_future(wait_for_the_key())
+        for _ in range(PATIENCE * 100):
+            if requests == ["acquire: False"] or waiter.done():
+                break
+            await asyncio.sleep(0.01)
+        try:
+            await sync_to_async(release_and_close, thread_sensitive=False)()
+            return await asyncio.wait_for(waiter, PATIENCE)
+        finally:
+            await sync_to_async(any_backend.backend.close)()
+
+    def release_and_close() -> None:
+        try:
+            holder.release()
+        finally:
+            any_backend.backend.close()
+
+    assert asyncio.run(main()) is True
+    assert requests == ["acquire: False", "acquire: True"]
