@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -28,20 +29,23 @@ class CountingBackend(DatabaseBackend):
     def __init__(self, using: str) -> None:
         super().__init__(using=using)
         self.ticks: list[tuple[int, int, float]] = []
+        #: The statements of the last call, with their parameters, as sent.
+        self.last: list[tuple[str, Any]] = []
 
     def refresh_many(self, items: Any) -> list[bool]:
         from django.db import connections
 
-        sent = [0]
+        sent: list[tuple[str, Any]] = []
 
         def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-            sent[0] += 1
+            sent.append((sql, params))
             return execute(sql, params, many, context)
 
         started = time.perf_counter()
         with connections[self.using].execute_wrapper(count):
             answers = super().refresh_many(items)
-        self.ticks.append((len(items), sent[0], time.perf_counter() - started))
+        self.ticks.append((len(items), len(sent), time.perf_counter() - started))
+        self.last = sent
         return answers
 
 
@@ -90,10 +94,15 @@ def hold_many(backend: DatabaseBackend, count: int, ttl: float, interval: float)
 
 def let_go(backend: DatabaseBackend, leases: list[Any]) -> None:
     from django_tasklock.leases.heartbeat import heartbeat
-    from django_tasklock.models import CacheEntry
 
     for lease in leases:
         heartbeat().remove(lease)
+    _delete_rows(backend)
+
+
+def _delete_rows(backend: DatabaseBackend) -> None:
+    from django_tasklock.models import CacheEntry
+
     rows = CacheEntry.objects.using(backend.using).filter(key__startswith=f"task-lock:{RUN}held-")
     # A tick already under way still sends its remaining chunks; on PostgreSQL
     # one bulk DELETE against those UPDATEs can deadlock: try again after it.
@@ -113,10 +122,63 @@ def _thread_cpu_seconds(native_id: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _raw_floor(
+    alias: str, statements: list[tuple[str, Any]], *, window: float, interval: float
+) -> float:
+    """Percent of a core a thread of the raw driver uses to send ``statements`` (and
+    read their answers) every ``interval`` s for ``window`` s, on a connection of its own.
+
+    The heartbeat's floor: the same statements with the same parameters, and
+    nothing else (no leases to pick, no answers to judge).
+    """
+    from django.db import connections
+
+    wrapper: Any = connections[alias]
+    conn = wrapper.Database.connect(**wrapper.get_connection_params())
+    conn.autocommit = True
+    psycopg3 = hasattr(conn, "pgconn")
+    if psycopg3:  # as Django's refresh sends them: bound on the client
+        import psycopg
+
+        cursor = psycopg.ClientCursor(conn)
+    else:
+        cursor = conn.cursor()
+    share: list[float] = []
+
+    def send() -> None:
+        native = threading.get_native_id()
+        cpu, start = _thread_cpu_seconds(native), time.monotonic()
+        next_at = start
+        while time.monotonic() - start < window:
+            for sql, params in statements:
+                cursor.execute(sql, params)
+                if psycopg3:
+                    while cursor.nextset():
+                        pass
+                if cursor.description is not None:
+                    cursor.fetchall()
+            next_at += interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+        share.append(100 * (_thread_cpu_seconds(native) - cpu) / (time.monotonic() - start))
+
+    try:
+        thread = threading.Thread(target=send, name="bench-raw-heartbeat")
+        thread.start()
+        thread.join()
+    finally:
+        cursor.close()
+        conn.close()
+    return round(share[0], 1)
+
+
 def heartbeat_load(
     alias: str, count: int, *, window: float, interval: float = 1.0
 ) -> dict[str, Any]:
-    """Hold ``count`` leases (ttl 30 s) for ``window`` seconds; what the heartbeat did."""
+    """Hold ``count`` leases (ttl 30 s) for ``window`` seconds; what the heartbeat did.
+
+    Then, the leases out of the heartbeat but their rows kept, its floor: the
+    statements of its last tick sent by the raw driver at the same interval.
+    """
     from django_tasklock.leases.heartbeat import heartbeat
 
     backend = CountingBackend(alias)
@@ -133,6 +195,9 @@ def heartbeat_load(
         elapsed = time.monotonic() - start
         steady = backend.ticks[len(first) :]
         lost = sum(lease.lost for lease in leases)
+        for lease in leases:
+            heartbeat().remove(lease)
+        floor = _raw_floor(alias, backend.last, window=window, interval=interval)
     finally:
         let_go(backend, leases)
     statements = [sent for _, sent, _ in steady] or [0]
@@ -147,6 +212,7 @@ def heartbeat_load(
         if steady
         else None,
         "thread_cpu_percent": round(100 * cpu / elapsed, 1),
+        "raw_floor_cpu_percent": floor,
         "lost": lost,
     }
     log(f"  heartbeat {count} leases: {out}")

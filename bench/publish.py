@@ -103,10 +103,19 @@ def heartbeat(result: dict[str, Any]) -> str:
     return (
         f"**Heartbeat** (PostgreSQL, ttl 30 s, refresh every {many['refresh_interval_s']:g} s): "
         f"10,000 leases, {many['statements_per_tick']} statements per tick, the heartbeat "
-        f"thread using {many['thread_cpu_percent']} % of a core, {many['lost']} lost; 500 "
-        f"leases, {beat['statements_per_tick']} statement per tick, "
-        f"{beat['thread_cpu_percent']} %." + release(result)
+        f"thread using {many['thread_cpu_percent']} % of a core{floor(many)}, "
+        f"{many['lost']} lost; 500 leases, {beat['statements_per_tick']} statement per tick, "
+        f"{beat['thread_cpu_percent']} %{floor(beat)}." + release(result)
     )
+
+
+def floor(run: dict[str, Any]) -> str:
+    """The raw driver sending the same statements, beside the heartbeat (if measured)."""
+    raw = run.get("raw_floor_cpu_percent")
+    if raw is None:
+        return ""
+    ratio = f", {run['thread_cpu_percent'] / raw:.1f} times" if raw else ""
+    return f" (the raw driver sending the same statements at the same interval: {raw} %{ratio})"
 
 
 def release(result: dict[str, Any]) -> str:

@@ -74,7 +74,8 @@ def print_report(report: dict[str, Any]) -> None:
         if run:
             print(
                 f"heartbeat, {label} leases: {run['statements_per_tick']} statements/tick, "
-                f"thread CPU {run['thread_cpu_percent']} %, lost {run['lost']}"
+                f"thread CPU {run['thread_cpu_percent']} % (raw driver, same statements: "
+                f"{run.get('raw_floor_cpu_percent')} %), lost {run['lost']}"
             )
     for name, run in (report.get("release") or {}).items():
         print(
