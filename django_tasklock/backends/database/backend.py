@@ -159,7 +159,7 @@ class DatabaseBackend(BaseBackend):
             batch = db_statements.Batch(items, in_test)
             if isinstance(items, tuple) and not in_test:  # the heartbeat's, sent again
                 self._batch = batch
-        stored, rows = batch.stored, batch.rows
+        rows = batch.rows
         ours: set[tuple[str, str]] = set()
         if rows:
             model = self._model()
@@ -173,7 +173,7 @@ class DatabaseBackend(BaseBackend):
         if in_test:
             with self._test_leases_lock:
                 ours |= self._test_leases
-        return [(key, item.token) in ours for key, item in zip(stored, items, strict=True)]
+        return [pair in ours for pair in batch.pairs]
 
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
         return self.release_outcome(key, token, min_hold=min_hold) is Released.RELEASED

@@ -151,6 +151,8 @@ class Batch:
     def __init__(self, items: Sequence[Refresh], skip: set[tuple[str, str]]) -> None:
         self.items = items
         self.stored = [storage_key(item.key) for item in items]
+        #: (stored key, token) per item, in order: how the answer names each.
+        self.pairs = [(key, item.token) for key, item in zip(self.stored, items, strict=True)]
         self.rows: list[Row] = [
             (key, item.token, item.ttl, item.max_lifetime)
             for key, item in zip(self.stored, items, strict=True)
@@ -249,7 +251,7 @@ def refresh_postgres(
             # psycopg 3 stops at the SET's empty result; psycopg2 has only the
             # last statement's rows (and rejects nextset()).
             cursor.nextset()
-        return {(key, value) for key, value in cursor.fetchall()}
+        return set(map(tuple, cursor.fetchall()))  # (key, value) rows
 
 
 def _psycopg3() -> bool:
