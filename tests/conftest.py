@@ -138,9 +138,10 @@ def redis_backend(
         kwargs={"url": url, **options},
         settings={"INSTALLED_APPS": ["django_tasklock"]},
     )
+    backend = RedisBackend(url=url, **options)
     yield ContractBackend(
         name=name,
-        backend=RedisBackend(url=url, **options),
+        backend=backend,
         recipe=recipe,
         plant=plant,
         put_foreign=put_foreign,
@@ -148,9 +149,19 @@ def redis_backend(
         unreachable=lambda: RedisBackend(url="redis://127.0.0.1:1/0", **options),
         skew_worker_clock=skewed_worker(recipe),
     )
-    # Only what this test wrote: its keys all carry its namespace.
-    for stored in written():
-        client.delete(stored)
+    try:
+        # Only what this test wrote: its keys all carry its namespace.
+        for stored in written():
+            client.delete(stored)
+    finally:
+        # Both clients closed, no socket left to the GC: a test whose exception
+        # keeps them in a reference cycle would otherwise leave it to whichever
+        # later test collects that cycle, failed there by its ResourceWarning.
+        client.close()
+        if backend.policy_check is not None:
+            backend.policy_check.join(10)  # its CONFIG GET may still open a connection
+        if backend._client is not None:
+            backend._client.close()
 
 
 def memory_backend() -> ContractBackend:
