@@ -39,6 +39,8 @@ def slot(name: str) -> int:
 def backend(redis_cluster: PrivateCluster) -> Iterator[RedisBackend]:
     backend = RedisBackend(url=redis_cluster.url)
     yield backend
+    if backend.policy_check is not None:
+        backend.policy_check.join(10)  # its CONFIG GET may still open a connection
     backend._conn().close()
 
 
