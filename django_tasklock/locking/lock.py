@@ -278,6 +278,8 @@ class AsyncLockMethods(loss.ActsOnLoss):
                 raise
             if acquired:
                 return True
+            if seconds_left is None and waited:  # as in _take
+                seconds_left = 0.0
             pause = backoff.next_pause(seconds_left, told=told)
             if pause is None:
                 return False
@@ -501,6 +503,11 @@ class Lock(AsyncLockMethods):
                 acquired, seconds_left = self._try_once(backend, look_first)
                 if acquired:
                     return True
+                if seconds_left is None and waited:
+                    # Its INSERT lost to another's (woken with others): how long
+                    # that lease has left is unknown, so the next look, a read,
+                    # comes at once (within the jitter), not after the backoff.
+                    seconds_left = 0.0
                 pause = backoff.next_pause(seconds_left, told=told)
                 if pause is None:
                     return False

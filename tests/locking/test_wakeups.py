@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
 
 from django_tasklock.api.service import TaskLockService
 from django_tasklock.exceptions import LockNotAcquired
+from django_tasklock.leases.tokens import new_token
 from django_tasklock.locking import waiting, wakeups
 from django_tasklock.testing import ContractBackend
 from django_tasklock.testing.support import wait_until
@@ -228,3 +230,81 @@ def test_a_woken_asyncio_waiter_asks_for_the_key_without_a_look_first(
 
     assert asyncio.run(main()) is True
     assert requests == ["acquire: False", "acquire: True"]
+
+
+def _overtaken(backend: object, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The waiter's answers; at its second ask (woken), another takes the key first,
+    for 1 s, and never releases it (as a holder that died)."""
+    answers: list[bool] = []
+    acquire = backend.acquire  # type: ignore[attr-defined]
+
+    def overtaken(key: str, token: str, **options: object) -> bool:
+        if len(answers) == 1:
+            taken = acquire(
+                key, new_token(), ttl=timedelta(seconds=1), max_lifetime=timedelta(hours=1)
+            )
+            assert taken
+        granted = bool(acquire(key, token, **options))
+        answers.append(granted)
+        return granted
+
+    monkeypatch.setattr(backend, "acquire", overtaken)
+    return answers
+
+
+def test_a_woken_waiter_that_loses_the_key_waits_no_longer_than_the_new_lease(
+    any_backend: ContractBackend, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its INSERT, sent at once, loses to another taker's: it reads the key soon after,
+    and takes it once that lease has run out, not after its backoff (half an hour)."""
+    service = TaskLockService(any_backend.backend)
+    holder = service.lock(key, ttl=WAIT)
+    holder.acquire()
+    answers = _overtaken(any_backend.backend, monkeypatch)
+
+    def wait_for_the_key() -> bool:
+        with service.lock(key, ttl=WAIT, wait=WAIT) as held:
+            return not held.lost
+
+    thread, outcome = in_thread(any_backend, wait_for_the_key)
+    wait_until(lambda: answers == [False], timeout=PATIENCE)  # it pauses
+    holder.release()
+    thread.join(PATIENCE)
+    assert outcome == [True], "slept past the new holder's lease"
+    assert answers[:2] == [False, False]  # refused, then overtaken
+    assert answers[-1], "never granted"
+
+
+def test_a_woken_asyncio_waiter_that_loses_the_key_waits_no_longer_than_the_new_lease(
+    any_backend: ContractBackend, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = TaskLockService(any_backend.backend)
+    holder = service.lock(key, ttl=WAIT)
+    holder.acquire()
+    answers = _overtaken(any_backend.backend, monkeypatch)
+
+    async def main() -> bool:
+        async def wait_for_the_key() -> bool:
+            async with service.lock(key, ttl=WAIT, wait=WAIT) as held:
+                return not held.lost
+
+        waiter = asyncio.ensure_future(wait_for_the_key())
+        for _ in range(PATIENCE * 100):
+            if answers == [False] or waiter.done():
+                break
+            await asyncio.sleep(0.01)
+        try:
+            await sync_to_async(release_and_close, thread_sensitive=False)()
+            return await asyncio.wait_for(waiter, PATIENCE)
+        finally:
+            await sync_to_async(any_backend.backend.close)()
+
+    def release_and_close() -> None:
+        try:
+            holder.release()
+        finally:
+            any_backend.backend.close()
+
+    assert asyncio.run(main()) is True
+    assert answers[:2] == [False, False]  # refused, then overtaken
+    assert answers[-1], "never granted"
