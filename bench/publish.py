@@ -114,8 +114,9 @@ def floor(run: dict[str, Any]) -> str:
     raw = run.get("raw_floor_cpu_percent")
     if raw is None:
         return ""
-    ratio = f", {run['thread_cpu_percent'] / raw:.1f} times" if raw else ""
-    return f" (the raw driver sending the same statements at the same interval: {raw} %{ratio})"
+    # /proc counts CPU in ticks (10 ms): a floor of less than a tick per 10 s reads 0.
+    share = f"{raw} %, {run['thread_cpu_percent'] / raw:.1f} times" if raw else "under 0.1 %"
+    return f" (the raw driver sending the same statements at the same interval: {share})"
 
 
 def release(result: dict[str, Any]) -> str:
