@@ -19,6 +19,7 @@ from django_tasklock.api.service import TaskLockService
 from django_tasklock.exceptions import LockNotAcquired
 from django_tasklock.leases.tokens import new_token
 from django_tasklock.locking import waiting, wakeups
+from django_tasklock.locking.lock import Lock
 from django_tasklock.testing import ContractBackend
 from django_tasklock.testing.support import wait_until
 from tests.support.waiters import in_thread
@@ -69,22 +70,71 @@ def _waiters(key: str) -> int:
         return len(wakeups._waiters.get(key, ()))
 
 
-def test_a_release_wakes_a_waiter_of_its_key(any_backend: ContractBackend, key: str) -> None:
-    service = TaskLockService(any_backend.backend)
-    holder = service.lock(key, ttl=WAIT)
+def _holding(any_backend: ContractBackend, key: str) -> Lock:
+    """``key`` held for longer than the test."""
+    holder = TaskLockService(any_backend.backend).lock(key, ttl=WAIT)
     holder.acquire()
+    return holder
 
-    def wait_for_the_key() -> bool:
-        with service.lock(key, ttl=WAIT, wait=WAIT) as held:
-            return not held.lost
 
-    thread, outcome = in_thread(any_backend, wait_for_the_key)
-    wait_until(
-        lambda: _waiters(key) == 1, timeout=PATIENCE
-    )  # asleep: a pause of half an hour at least
-    holder.release()
-    thread.join(PATIENCE)
-    assert outcome == [True], "not woken by the release"
+def _held_by_waiter(
+    any_backend: ContractBackend,
+    holder: Lock,
+    until: Callable[[], bool],
+    *,
+    asyncio_task: bool = False,
+) -> bool:
+    """A waiter of ``holder``'s key (a thread, or an asyncio task); once ``until()``
+    holds, ``holder`` releases the key. True if the waiter then held it.
+
+    The asyncio task's holder releases from another thread, as a worker's would.
+    """
+    service, key = TaskLockService(any_backend.backend), holder.key
+    if not asyncio_task:
+
+        def wait_for_the_key() -> bool:
+            with service.lock(key, ttl=WAIT, wait=WAIT) as held:
+                return not held.lost
+
+        thread, outcome = in_thread(any_backend, wait_for_the_key)
+        wait_until(until, timeout=PATIENCE)
+        holder.release()
+        thread.join(PATIENCE)
+        return outcome == [True]
+
+    async def main() -> bool:
+        async def wait_for_the_key() -> bool:
+            async with service.lock(key, ttl=WAIT, wait=WAIT) as held:
+                return not held.lost
+
+        waiter = asyncio.ensure_future(wait_for_the_key())
+        for _ in range(PATIENCE * 100):
+            if until() or waiter.done():
+                break
+            await asyncio.sleep(0.01)
+        try:
+            await sync_to_async(release_and_close, thread_sensitive=False)()
+            return await asyncio.wait_for(waiter, PATIENCE)
+        finally:
+            await sync_to_async(any_backend.backend.close)()  # the ORM thread's connections
+
+    def release_and_close() -> None:
+        try:
+            holder.release()
+        finally:
+            any_backend.backend.close()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("asyncio_task", [False, True], ids=["thread", "asyncio"])
+def test_a_release_wakes_a_waiter_of_its_key(
+    any_backend: ContractBackend, key: str, asyncio_task: bool
+) -> None:
+    holder = _holding(any_backend, key)
+    assert _held_by_waiter(  # once asleep: a pause of half an hour at least
+        any_backend, holder, lambda: _waiters(key) == 1, asyncio_task=asyncio_task
+    ), "not woken by the release"
     assert _waiters(key) == 0
 
 
@@ -113,38 +163,6 @@ def test_each_release_wakes_the_waiters_until_all_took_the_key(
         thread.join(PATIENCE)
     assert sorted(order) == ["a", "b"]
     assert [outcome for _, outcome in threads] in ([["a"], ["b"]], [["b"], ["a"]])
-
-
-def test_a_release_wakes_an_asyncio_waiter(any_backend: ContractBackend, key: str) -> None:
-    service = TaskLockService(any_backend.backend)
-    holder = service.lock(key, ttl=WAIT)
-    holder.acquire()
-
-    async def main() -> bool:
-        async def wait_for_the_key() -> bool:
-            async with service.lock(key, ttl=WAIT, wait=WAIT) as held:
-                return not held.lost
-
-        waiter = asyncio.ensure_future(wait_for_the_key())
-        for _ in range(PATIENCE * 100):
-            if _waiters(key) == 1 or waiter.done():
-                break
-            await asyncio.sleep(0.01)
-        try:
-            # Released from another thread, as a thread of a worker would.
-            await sync_to_async(release_and_close, thread_sensitive=False)()
-            return await asyncio.wait_for(waiter, PATIENCE)
-        finally:
-            await sync_to_async(any_backend.backend.close)()  # the ORM thread's connections
-
-    def release_and_close() -> None:
-        try:
-            holder.release()
-        finally:
-            any_backend.backend.close()
-
-    assert asyncio.run(main()) is True
-    assert _waiters(key) == 0
 
 
 def test_a_waiter_not_woken_gives_up_at_its_wait(any_backend: ContractBackend, key: str) -> None:
@@ -176,59 +194,17 @@ def _requests(backend: object, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return requests
 
 
+@pytest.mark.parametrize("asyncio_task", [False, True], ids=["thread", "asyncio"])
 def test_a_woken_waiter_asks_for_the_key_without_a_look_first(
-    any_backend: ContractBackend, key: str, monkeypatch: pytest.MonkeyPatch
+    any_backend: ContractBackend, key: str, monkeypatch: pytest.MonkeyPatch, asyncio_task: bool
 ) -> None:
     """The release says the key is free: the next request is for the key, not a read
     of it that would only delay the grant by a round trip."""
-    service = TaskLockService(any_backend.backend)
-    holder = service.lock(key, ttl=WAIT)
-    holder.acquire()
+    holder = _holding(any_backend, key)
     requests = _requests(any_backend.backend, monkeypatch)
-
-    def wait_for_the_key() -> bool:
-        with service.lock(key, ttl=WAIT, wait=WAIT) as held:
-            return not held.lost
-
-    thread, outcome = in_thread(any_backend, wait_for_the_key)
-    wait_until(lambda: requests == ["acquire: False"], timeout=PATIENCE)  # it pauses
-    holder.release()
-    thread.join(PATIENCE)
-    assert outcome == [True], "not woken by the release"
-    assert requests == ["acquire: False", "acquire: True"]
-
-
-def test_a_woken_asyncio_waiter_asks_for_the_key_without_a_look_first(
-    any_backend: ContractBackend, key: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    service = TaskLockService(any_backend.backend)
-    holder = service.lock(key, ttl=WAIT)
-    holder.acquire()
-    requests = _requests(any_backend.backend, monkeypatch)
-
-    async def main() -> bool:
-        async def wait_for_the_key() -> bool:
-            async with service.lock(key, ttl=WAIT, wait=WAIT) as held:
-                return not held.lost
-
-        waiter = asyncio.ensure_future(wait_for_the_key())
-        for _ in range(PATIENCE * 100):
-            if requests == ["acquire: False"] or waiter.done():
-                break
-            await asyncio.sleep(0.01)
-        try:
-            await sync_to_async(release_and_close, thread_sensitive=False)()
-            return await asyncio.wait_for(waiter, PATIENCE)
-        finally:
-            await sync_to_async(any_backend.backend.close)()
-
-    def release_and_close() -> None:
-        try:
-            holder.release()
-        finally:
-            any_backend.backend.close()
-
-    assert asyncio.run(main()) is True
+    assert _held_by_waiter(  # once refused: it pauses
+        any_backend, holder, lambda: requests == ["acquire: False"], asyncio_task=asyncio_task
+    ), "not woken by the release"
     assert requests == ["acquire: False", "acquire: True"]
 
 
@@ -252,59 +228,16 @@ def _overtaken(backend: object, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return answers
 
 
+@pytest.mark.parametrize("asyncio_task", [False, True], ids=["thread", "asyncio"])
 def test_a_woken_waiter_that_loses_the_key_waits_no_longer_than_the_new_lease(
-    any_backend: ContractBackend, key: str, monkeypatch: pytest.MonkeyPatch
+    any_backend: ContractBackend, key: str, monkeypatch: pytest.MonkeyPatch, asyncio_task: bool
 ) -> None:
     """Its INSERT, sent at once, loses to another taker's: it reads the key soon after,
     and takes it once that lease has run out, not after its backoff (half an hour)."""
-    service = TaskLockService(any_backend.backend)
-    holder = service.lock(key, ttl=WAIT)
-    holder.acquire()
+    holder = _holding(any_backend, key)
     answers = _overtaken(any_backend.backend, monkeypatch)
-
-    def wait_for_the_key() -> bool:
-        with service.lock(key, ttl=WAIT, wait=WAIT) as held:
-            return not held.lost
-
-    thread, outcome = in_thread(any_backend, wait_for_the_key)
-    wait_until(lambda: answers == [False], timeout=PATIENCE)  # it pauses
-    holder.release()
-    thread.join(PATIENCE)
-    assert outcome == [True], "slept past the new holder's lease"
-    assert answers[:2] == [False, False]  # refused, then overtaken
-    assert answers[-1], "never granted"
-
-
-def test_a_woken_asyncio_waiter_that_loses_the_key_waits_no_longer_than_the_new_lease(
-    any_backend: ContractBackend, key: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    service = TaskLockService(any_backend.backend)
-    holder = service.lock(key, ttl=WAIT)
-    holder.acquire()
-    answers = _overtaken(any_backend.backend, monkeypatch)
-
-    async def main() -> bool:
-        async def wait_for_the_key() -> bool:
-            async with service.lock(key, ttl=WAIT, wait=WAIT) as held:
-                return not held.lost
-
-        waiter = asyncio.ensure_future(wait_for_the_key())
-        for _ in range(PATIENCE * 100):
-            if answers == [False] or waiter.done():
-                break
-            await asyncio.sleep(0.01)
-        try:
-            await sync_to_async(release_and_close, thread_sensitive=False)()
-            return await asyncio.wait_for(waiter, PATIENCE)
-        finally:
-            await sync_to_async(any_backend.backend.close)()
-
-    def release_and_close() -> None:
-        try:
-            holder.release()
-        finally:
-            any_backend.backend.close()
-
-    assert asyncio.run(main()) is True
+    assert _held_by_waiter(  # once refused: it pauses
+        any_backend, holder, lambda: answers == [False], asyncio_task=asyncio_task
+    ), "slept past the new holder's lease"
     assert answers[:2] == [False, False]  # refused, then overtaken
     assert answers[-1], "never granted"
