@@ -20,7 +20,7 @@ from typing import Any
 
 from django_tasklock.backends.base import storage_key
 from django_tasklock.testing import BackendRecipe, ContractBackend
-from tests.support.servers import require_binary, wait_for_port
+from tests.support.servers import require_binary
 
 MASTERS = 3
 
@@ -42,6 +42,18 @@ def _free_node_port() -> int:
             return port
 
 
+class NodeDidNotStart(RuntimeError):
+    """A node's ``redis-server`` exited, or did not listen in time (its log in the message)."""
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), 0.2):
+            return True
+    except OSError:
+        return False
+
+
 class PrivateCluster:
     """Six ``redis-server --cluster-enabled yes``, joined by ``redis-cli --cluster create``."""
 
@@ -58,10 +70,12 @@ class PrivateCluster:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports[:2])
 
     def start_node(self, port: int) -> None:
+        """Start the node on ``port``; :class:`NodeDidNotStart` (with its log) if it exits
+        or does not listen within 20 s."""
         node_dir = self.dir / str(port)
         node_dir.mkdir(exist_ok=True)
         with open(node_dir / "log", "ab") as log:
-            self.processes[port] = subprocess.Popen(
+            process = self.processes[port] = subprocess.Popen(
                 [self.server, "--port", str(port), "--bind", "127.0.0.1",
                  "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                  "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
@@ -69,15 +83,32 @@ class PrivateCluster:
                  "--dir", str(node_dir), *self.node_options(port)],
                 stdout=log, stderr=log,
             )  # fmt: skip
-        wait_for_port(port)
+        end = time.monotonic() + 20
+        while not _listening(port):
+            if process.poll() is not None or time.monotonic() > end:
+                process.kill()
+                process.wait(10)
+                del self.processes[port]
+                tail = (node_dir / "log").read_text(errors="replace")[-2000:]
+                raise NodeDidNotStart(f"the cluster node on port {port} did not start:\n{tail}")
+            time.sleep(0.05)
 
     def node_options(self, port: int) -> list[str]:
         """More ``redis-server`` options for the node on ``port``, after (and over) these."""
         return []
 
     def start(self) -> None:
-        for port in self.ports:
-            self.start_node(port)
+        for index, port in enumerate(self.ports):
+            for attempt in range(3):
+                try:
+                    self.start_node(port)
+                    break
+                except NodeDidNotStart:
+                    # Its port (or its bus port, +10000) may have been taken
+                    # since it was found free, by any process: another one.
+                    if attempt == 2:
+                        raise
+                    port = self.ports[index] = _free_node_port()
         nodes = [f"127.0.0.1:{port}" for port in self.ports]
         subprocess.run(
             [self.cli, "--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"],
