@@ -70,11 +70,18 @@ class FailureCases:
         self, backend: BaseBackend, key: str, caplog: pytest.LogCaptureFixture
     ) -> None:
         faulty = FaultyBackend(backend, refresh_failures=2)
-        # Two failures take 0.4 s of a 2 s ttl: room for the heartbeat of a loaded
-        # machine (with a 1 s ttl, one stalled tick on a Redis Cluster ended the lease).
+
+        def work() -> None:
+            # Held until two refreshes after the failures were answered: a
+            # condition, not a fixed time.
+            wait_until(lambda: faulty.refresh_answers >= 2, timeout=30)
+
+        # Two failures take 0.4 s of a 5 s ttl: room for the heartbeat of a loaded
+        # machine (with a 2 s ttl, one SQLite refresh stalled past 1.6 s in CI, and
+        # with 1 s, one stalled tick on a Redis Cluster ended the lease).
         with caplog.at_level(logging.WARNING, logger="django_tasklock"):
             result = TaskLockService(faulty).run_exclusive(
-                key, lambda: time.sleep(2.5), ttl=2.0, refresh_interval=0.2
+                key, work, ttl=5.0, refresh_interval=0.2
             )
         assert faulty.refresh_calls >= 4
         assert result.acquired
