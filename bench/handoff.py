@@ -17,7 +17,10 @@ one began its release.
 
 Beside it, in the same run, the raw floors with 1 waiter: PostgreSQL's
 ``pg_advisory_lock`` queue (the waiter blocks in the server) and a Redis
-``PUBLISH`` to a subscribed waiter that then takes the key with ``SET NX``.
+``PUBLISH`` to a subscribed waiter that then takes the key with ``SET NX``;
+and PostgreSQL's row and ``LISTEN``/``NOTIFY`` sent by the raw driver, with
+1 and 8 waiting processes, and 8 of which only one acts on the notification
+(what waking one process at a time could reach, the others still listening).
 
 The spread: for each participant, how many times it held the key and its
 longest wait, to show that no waiter starves while others are woken.
@@ -171,6 +174,94 @@ def _raw_advisory(alias: str, hold: float, rounds: int) -> dict[str, Any]:
     return _summary(handoffs)
 
 
+def _raw_notify(alias: str, waiters: int, one_acts: bool, rounds: int) -> dict[str, Any]:
+    """PostgreSQL, the raw driver: a row and ``LISTEN``/``NOTIFY``, as ours, and nothing else.
+
+    ``waiters`` processes ``LISTEN``; the holder's release deletes its row and
+    notifies in one statement; told, each waiter inserts the row (all of
+    them, or with ``one_acts`` only the round's own one while the others only
+    listen), and the one whose ``INSERT`` succeeds has the key, which the
+    holder then takes back as it is (no statement) for the next round. Holds of 50 ms.
+    """
+    from django.db import connections
+
+    settings = connections[alias].get_connection_params()
+    database = connections[alias].Database
+    table, channel = "bench_raw_notify", f"{RUN}raw_notify".replace("-", "_")
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    connections.close_all()
+    conn = database.connect(**settings)
+    conn.autocommit = True
+    cur = conn.cursor()
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {table} (key text PRIMARY KEY, round int)")
+    cur.execute(f"DELETE FROM {table}")
+    cur.execute(f"INSERT INTO {table} VALUES ('k', -1)")
+
+    def waiter(me: int) -> None:
+        import selectors
+
+        listening = database.connect(**settings)
+        listening.autocommit = True
+        listening.cursor().execute(f"LISTEN {channel}")
+        work = database.connect(**settings)
+        work.autocommit = True
+        wcur = work.cursor()
+        results.put((-1, 0.0))  # listening
+        told: list[str] = []
+        with selectors.DefaultSelector() as selector:
+            selector.register(listening.fileno(), selectors.EVENT_READ)
+            while True:
+                selector.select(60)
+                if hasattr(listening, "pgconn"):
+                    listening.pgconn.consume_input()
+                    while (notify := listening.pgconn.notifies()) is not None:
+                        told.append(notify.extra.decode())
+                else:
+                    listening.poll()
+                    told += [n.payload for n in listening.notifies]
+                    listening.notifies.clear()
+                while told:
+                    payload = told.pop(0)
+                    if payload == "stop":
+                        listening.close()
+                        work.close()
+                        return
+                    if one_acts and int(payload) % waiters != me:
+                        continue
+                    try:
+                        wcur.execute(f"INSERT INTO {table} VALUES ('k', %s)", [int(payload)])
+                    except database.IntegrityError:
+                        continue
+                    results.put((int(payload), time.monotonic()))
+
+    procs = [ctx.Process(target=waiter, args=(me,)) for me in range(waiters)]
+    for proc in procs:
+        proc.start()
+    for _ in procs:
+        results.get(timeout=60)
+    handoffs = []
+    release = (
+        f"WITH ended AS (DELETE FROM {table} RETURNING key) "
+        f"SELECT pg_notify('{channel}', %s) FROM ended"
+    )
+    for number in range(rounds):
+        time.sleep(0.05)  # the row there: held
+        releasing = time.monotonic()
+        cur.execute(release, [str(number)])
+        released = time.monotonic()
+        won, acquired = results.get(timeout=60)
+        while won != number:  # a round nobody won in time: not this one's
+            won, acquired = results.get(timeout=60)
+        handoffs.append((max(0.0, acquired - released) * 1000, (acquired - releasing) * 1000))
+    cur.execute("SELECT pg_notify(%s, 'stop')", [channel])
+    for proc in procs:
+        proc.join(30)
+    cur.execute(f"DROP TABLE {table}")
+    conn.close()
+    return _summary(handoffs)
+
+
 def _raw_pubsub(url: str, hold: float, rounds: int) -> dict[str, Any]:
     """Redis: ``DEL`` + ``PUBLISH`` by the holder; the subscribed waiter takes it by ``SET NX``."""
     import redis
@@ -248,6 +339,10 @@ def handoff(up: Servers, quick: bool) -> dict[str, Any]:
     if "postgres" in up.aliases:
         log("handoff floor: pg_advisory_lock ...")
         out["raw_pg_advisory_lock"] = _raw_advisory(up.aliases["postgres"], 0.05, rounds)
+        for waiters, one in ((1, False), (8, False), (8, True)):
+            log(f"handoff floor: LISTEN/NOTIFY and INSERT, {waiters} waiters ...")
+            name = f"raw_pg_notify_{waiters}" + ("_one_acts" if one else "")
+            out[name] = _raw_notify(up.aliases["postgres"], waiters, one, rounds)
     if up.redis_url:
         log("handoff floor: Redis pub/sub ...")
         out["raw_redis_pubsub"] = _raw_pubsub(up.redis_url, 0.05, rounds)
