@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from django.db import IntegrityError
+from django.db import IntegrityError, connections
 
 from django_tasklock.backends.base import Holder
 from django_tasklock.backends.database import rows as db_rows
@@ -23,6 +23,7 @@ from django_tasklock.backends.database.connections import (
     savepoint_if_in_transaction,
 )
 from django_tasklock.backends.database.functions import Compiled, UtcNow
+from django_tasklock.backends.database.statements import HolderLook
 from django_tasklock.processes import holder_gone
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ _NOW = Compiled(UtcNow())
 # Per model and alias, the manager bound to it: QuerySet.using() would clone a
 # queryset at every acquisition.
 _managers: dict[tuple[type[Any], str], Any] = {}
+# Per model and alias, the look at a key's row after a conflict.
+_looks: dict[tuple[type[Any], str], HolderLook] = {}
 
 
 def insert_lease(
@@ -60,7 +63,7 @@ def insert_lease(
         except IntegrityError as exc:
             # "Held" only once the row is seen; one look also says whether
             # it is free to take over, by the server's clock.
-            seen = db_rows.holder(model, alias, stored)
+            seen = _holder_look(model, alias).run(alias, stored)
             if seen is None:
                 if not is_key_conflict(exc):
                     raise  # not a key conflict after all: a real error
@@ -85,6 +88,15 @@ def insert_lease(
             return "inserted"
     # The key changed hands at every attempt: it was held each time we asked.
     return "held"
+
+
+def _holder_look(model: type[CacheEntry], alias: str) -> HolderLook:
+    """The compiled look at a key's row (``statements.HolderLook``) for ``alias``'s engine."""
+    engine = connections[alias].settings_dict["ENGINE"]
+    look = _looks.get((model, alias))
+    if look is None or look.engine != engine:
+        look = _looks[model, alias] = HolderLook(model, alias)
+    return look
 
 
 def _manager(model: type[CacheEntry], alias: str) -> Any:

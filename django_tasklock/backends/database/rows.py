@@ -70,21 +70,6 @@ def stale(model: type[CacheEntry], alias: str) -> QuerySet[CacheEntry]:
     return rows.filter(Q(expires_at__lte=UtcNow()) | Q(created_at__lte=UtcNow() - STALE_AFTER))
 
 
-def holder(model: type[CacheEntry], alias: str, stored: str) -> tuple[str, bool] | None:
-    """The token in the row of ``stored`` and whether that row is live, in one look; None
-    when there is no row."""
-    row = (
-        model.objects.using(alias)
-        .filter(key=stored)
-        .values_list("value", AsUtc("expires_at"), AsUtc("created_at"), AsUtc(UtcNow()))
-        .first()
-    )
-    if row is None:
-        return None
-    expires_at, created_at, now = (aware_utc(moment) for moment in row[1:])
-    return row[0], expires_at > now and created_at > now - STALE_AFTER
-
-
 def held(row: CacheEntry) -> HeldLock:
     """A row of :func:`live` as the API shows it: times in aware UTC, whatever ``USE_TZ`` is."""
     return held_values(

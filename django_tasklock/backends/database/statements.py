@@ -36,9 +36,9 @@ from django.db.models import F, Q, sql
 from django.db.models.functions import Least
 from django.utils.dateparse import parse_datetime
 
-from django_tasklock.backends.base import Refresh, storage_key
+from django_tasklock.backends.base import STALE_AFTER, Refresh, storage_key
 from django_tasklock.backends.database import timeouts
-from django_tasklock.backends.database.functions import UtcNow
+from django_tasklock.backends.database.functions import AsUtc, UtcNow, aware_utc
 from django_tasklock.backends.database.notifications import notifying
 from django_tasklock.backends.database.timeouts import REFRESH_TIMEOUT as REFRESH_TIMEOUT
 
@@ -125,6 +125,43 @@ class Peek:
         key, token, *times = row
         created, expires, now = (_moment(value) for value in times)
         return key, token, created, expires, now
+
+
+class HolderLook:
+    """The look at one key's row, live or not, compiled once per database: ``run(key)`` ->
+    (the row's token, whether the row is live) or None when there is no row.
+
+    For an acquisition whose INSERT found the key held: one look says whose
+    the row is and whether it is free to take over, by the server's clock
+    (live as ``rows`` judges it). Compiled at every look, the queryset cost a
+    caller that found the key held more CPU than the INSERT and the SELECT
+    together (0.9 ms of 2 ms on PostgreSQL here; a waiter woken with others
+    pays it while the winner takes the key).
+    """
+
+    def __init__(self, model: type[CacheEntry], alias: str) -> None:
+        rows = (
+            model.objects.using(alias)
+            .filter(key=_KEY)
+            .values_list("value", AsUtc("expires_at"), AsUtc("created_at"), AsUtc(UtcNow()))[:1]
+        )
+        self.sql, params = rows.query.get_compiler(alias).as_sql()
+        self._params = list(params)
+        self._key_at = [i for i, param in enumerate(self._params) if param == _KEY]
+        self.engine = connections[alias].settings_dict["ENGINE"]
+
+    def run(self, alias: str, stored: str) -> tuple[str, bool] | None:
+        params = list(self._params)
+        for i in self._key_at:
+            params[i] = stored
+        with connections[alias].cursor() as cursor:
+            cursor.execute(self.sql, params)
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        token, *times = row
+        expires, created, now = (aware_utc(_moment(value)) for value in times)
+        return token, expires > now and created > now - STALE_AFTER
 
 
 def _moment(value: datetime | str) -> datetime:
