@@ -83,15 +83,35 @@ class Release:
             return int(cursor.rowcount)
 
 
-class Peek:
+class _KeyLook:
+    """A SELECT of one key's row, compiled once: its SQL, and where the key goes among its
+    parameters. Only the SQL is kept (no compiler, which would keep the compiling
+    thread's connection alive)."""
+
+    def __init__(self, rows: QuerySet[Any], alias: str) -> None:
+        self.sql, params = rows.query.get_compiler(alias).as_sql()
+        self._params = list(params)
+        self._key_at = [i for i, param in enumerate(self._params) if param == _KEY]
+        self.engine = connections[alias].settings_dict["ENGINE"]
+
+    def _row(self, alias: str, stored: str) -> tuple[Any, ...] | None:
+        params = list(self._params)
+        for i in self._key_at:
+            params[i] = stored
+        with connections[alias].cursor() as cursor:
+            cursor.execute(self.sql, params)
+            row: tuple[Any, ...] | None = cursor.fetchone()
+        return row
+
+
+class Peek(_KeyLook):
     """The look at one key's live row, compiled once per connection: ``run(key)`` -> row.
 
     ``rows.live`` filtered by the key, read as (key, token, acquired, expires,
     server's now), the times as ``AsUtc`` gives them. Compiling the queryset
-    cost a waiter more than the SELECT itself. Only the SQL is kept (no
-    compiler, which would keep the compiling thread's connection alive); the
-    times come back as ``datetime`` or, on SQLite, as text, parsed here (their
-    zone is set by ``rows.held_values``).
+    cost a waiter more than the SELECT itself. The times come back as
+    ``datetime`` or, on SQLite, as text, parsed here (their zone is set by
+    ``rows.held_values``).
     """
 
     def __init__(self, model: type[CacheEntry], alias: str) -> None:
@@ -108,18 +128,10 @@ class Peek:
                 "server_now",  # type: ignore[misc]
             )[:1]
         )
-        self.sql, params = rows.query.get_compiler(alias).as_sql()
-        self._params = list(params)
-        self._key_at = [i for i, param in enumerate(self._params) if param == _KEY]
-        self.engine = connections[alias].settings_dict["ENGINE"]
+        super().__init__(rows, alias)
 
     def run(self, alias: str, stored: str) -> tuple[str, str, datetime, datetime, datetime] | None:
-        params = list(self._params)
-        for i in self._key_at:
-            params[i] = stored
-        with connections[alias].cursor() as cursor:
-            cursor.execute(self.sql, params)
-            row = cursor.fetchone()
+        row = self._row(alias, stored)
         if row is None:
             return None
         key, token, *times = row
@@ -127,7 +139,7 @@ class Peek:
         return key, token, created, expires, now
 
 
-class HolderLook:
+class HolderLook(_KeyLook):
     """The look at one key's row, live or not, compiled once per database: ``run(key)`` ->
     (the row's token, whether the row is live) or None when there is no row.
 
@@ -145,18 +157,10 @@ class HolderLook:
             .filter(key=_KEY)
             .values_list("value", AsUtc("expires_at"), AsUtc("created_at"), AsUtc(UtcNow()))[:1]
         )
-        self.sql, params = rows.query.get_compiler(alias).as_sql()
-        self._params = list(params)
-        self._key_at = [i for i, param in enumerate(self._params) if param == _KEY]
-        self.engine = connections[alias].settings_dict["ENGINE"]
+        super().__init__(rows, alias)
 
     def run(self, alias: str, stored: str) -> tuple[str, bool] | None:
-        params = list(self._params)
-        for i in self._key_at:
-            params[i] = stored
-        with connections[alias].cursor() as cursor:
-            cursor.execute(self.sql, params)
-            row = cursor.fetchone()
+        row = self._row(alias, stored)
         if row is None:
             return None
         token, *times = row
