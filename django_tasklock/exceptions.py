@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import SynchronousOnlyOperation
 
@@ -115,3 +115,29 @@ class AlreadyEnqueued(TaskLockError):
 
     def __reduce__(self) -> tuple[type[AlreadyEnqueued], tuple[str, HeldLock | None]]:
         return type(self), (self.key, self.held)
+
+
+class LimitMismatch(TaskLockError, ValueError):
+    """A key was asked for with a ``limit`` other than the one its live permits were taken with.
+
+    Every caller of one key must agree on how many may hold it at once (a
+    mutex is ``limit=1``): a call that disagrees with the permits held now is
+    refused rather than silently mixed, and nothing is written. ``held`` is
+    the limit of the live permits (1: a mutex's lease), ``asked`` this call's.
+    """
+
+    def __init__(self, key: str, *, held: int, asked: int) -> None:
+        self.key = key
+        self.held = held
+        self.asked = asked
+        super().__init__(
+            f"limit={asked} refused for key {key!r}: it is held now with limit={held}; "
+            "every caller of one key must give the same limit"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _limit_mismatch, (self.key, self.held, self.asked)
+
+
+def _limit_mismatch(key: str, held: int, asked: int) -> LimitMismatch:
+    return LimitMismatch(key, held=held, asked=asked)

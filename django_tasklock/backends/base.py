@@ -49,6 +49,32 @@ def caller_key(stored: str) -> str:
     return stored[len(KEY_PREFIX) :]
 
 
+#: Separates a limited key from the number of one of its permits in the
+#: permit's name (:func:`permit_key`). Keys may not contain it.
+PERMIT_SEPARATOR = "\x1f"
+
+
+def permit_key(key: str, slot: int) -> str:
+    """The name of permit ``slot`` (from 0) of the limited key ``key``.
+
+    A permit is a lease of its own: every single-lease method (``refresh``,
+    ``refresh_many``, ``release``, ``release_outcome``, ``fence``,
+    ``force_release``, ``peek``) takes its name where it takes a key, and
+    the backend stores it as it sees fit. Callers' keys never contain the
+    separator, so no caller's key names a permit.
+    """
+    return f"{key}{PERMIT_SEPARATOR}{slot}"
+
+
+def limited_key(key: str) -> tuple[str, int | None]:
+    """The caller's key and the permit's number, of a name :func:`permit_key` gave.
+
+    ``(key, None)`` for a caller's key itself (a mutex's lease).
+    """
+    base, separator, slot = key.partition(PERMIT_SEPARATOR)
+    return (base, int(slot)) if separator else (key, None)
+
+
 def lease_id(token: str) -> str:
     """A short name of one lease, safe to show: a digest of its token, never the token.
 
@@ -113,11 +139,16 @@ class Capabilities:
     :meth:`BaseBackend.reap_dead_holders`, each bound to that holder's token
     (see both). Without it (this default), such a lease ends by its ttl, as
     any other.
+    ``permits``: :meth:`BaseBackend.acquire_permit` gives ``limit=N`` keys'
+    permits, and :meth:`BaseBackend.acquire` refuses a key whose permits are
+    held. Without it (this default), only ``limit=1`` is served.
     """
 
     cross_process: bool = True
     server_clock: bool = True
     dead_holders: bool = False
+    #: :meth:`BaseBackend.acquire_permit` is implemented: ``limit=N`` keys.
+    permits: bool = False
 
 
 class BaseBackend(abc.ABC):
@@ -159,6 +190,30 @@ class BaseBackend(abc.ABC):
         wins and the other finds the winner's lease. Never a lease cut by a
         ``min_hold`` release: it is meant to outlive its holder.
         """
+
+    def acquire_permit(
+        self, key: str, token: str, *, limit: int, ttl: timedelta, max_lifetime: timedelta
+    ) -> str | None:
+        """Take one of the ``limit`` permits of ``key`` for ``token``; its name, or None.
+
+        At most ``limit`` (2 or more, validated) live permits of one key at
+        once, each a lease of its own, named ``permit_key(key, slot)`` with
+        ``slot`` from 0 to ``limit - 1``, and never one slot to two holders.
+        The name is what the other single-lease methods take for it. None
+        when all ``limit`` are held live by other tokens. A live permit of
+        ``token`` itself is answered with its name (this acquisition sent
+        again); expired, 24 h old and (with ``dead_holders``) provably dead
+        holders' permits are taken over as :meth:`acquire` takes over a
+        lease. Fences of a limited key (:meth:`fence` of any of its permits)
+        come from one counter, the key's own.
+
+        Raises :class:`~django_tasklock.exceptions.LimitMismatch`, writing
+        nothing, when the key is held live with another limit: by permits
+        taken with another ``limit``, or by a mutex's lease (limit 1). And
+        :meth:`acquire` of a key whose permits are held live raises it too.
+        Backends without the capability ``permits`` leave this method as is.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not give permits (limit=N)")
 
     @abc.abstractmethod
     def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:

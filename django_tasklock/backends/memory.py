@@ -17,8 +17,11 @@ from django_tasklock.backends.base import (
     HeldLock,
     Holder,
     lease_id,
+    limited_key,
+    permit_key,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
+from django_tasklock.exceptions import LimitMismatch
 from django_tasklock.processes import holder_gone
 
 
@@ -28,6 +31,7 @@ class _Lease:
     acquired: float  # by the backend's clock, in seconds
     expires: float
     released: bool = False  # cut by a min_hold release: no refresh extends it
+    limit: int = 1  # of a permit: the limit it was taken with
 
 
 class MemoryBackend(BaseBackend):
@@ -40,12 +44,16 @@ class MemoryBackend(BaseBackend):
     as gone: it cannot be refreshed, released (returns False) or seen.
     """
 
-    capabilities = Capabilities(cross_process=False, server_clock=False, dead_holders=True)
+    capabilities = Capabilities(
+        cross_process=False, server_clock=False, dead_holders=True, permits=True
+    )
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._leases: dict[str, _Lease] = {}
         self._fences: dict[str, int] = {}  # never swept: fences outlive leases
+        # limited key -> the limit its permits were last taken with: where to look
+        self._limits: dict[str, int] = {}
         self._lock = ForkSafeLock()
 
     def _live(self, key: str, now: float) -> _Lease | None:
@@ -72,12 +80,50 @@ class MemoryBackend(BaseBackend):
         """
         with self._lock:
             now = self._clock()
+            permits = self._live_permits(key, now)
+            if permits:
+                raise LimitMismatch(key, held=permits[0][1].limit, asked=1)
             live = self._live(key, now)
             if live is not None and (live.token == token or not self._dead(live)):
                 return live.token == token
             lease_seconds = min(ttl, max_lifetime).total_seconds()
             self._leases[key] = _Lease(token=token, acquired=now, expires=now + lease_seconds)
             return True
+
+    def acquire_permit(
+        self, key: str, token: str, *, limit: int, ttl: timedelta, max_lifetime: timedelta
+    ) -> str | None:
+        """The first of ``key``'s ``limit`` permits that is free (or whose holder is gone)."""
+        with self._lock:
+            now = self._clock()
+            mutex = self._live(key, now)
+            if mutex is not None:
+                raise LimitMismatch(key, held=1, asked=limit)
+            permits = self._live_permits(key, now)
+            for name, lease in permits:
+                if lease.limit != limit:
+                    raise LimitMismatch(key, held=lease.limit, asked=limit)
+                if lease.token == token:
+                    return name
+            self._limits[key] = limit
+            for slot in range(limit):
+                name = permit_key(key, slot)
+                live = self._live(name, now)
+                if live is None or self._dead(live):
+                    lease_seconds = min(ttl, max_lifetime).total_seconds()
+                    self._leases[name] = _Lease(
+                        token=token, acquired=now, expires=now + lease_seconds, limit=limit
+                    )
+                    return name
+            return None
+
+    def _live_permits(self, key: str, now: float) -> list[tuple[str, _Lease]]:
+        """The live permits of the limited key ``key``, with their names."""
+        limit = self._limits.get(key)
+        if limit is None:
+            return []
+        names = (permit_key(key, slot) for slot in range(limit))
+        return [(name, lease) for name in names if (lease := self._live(name, now)) is not None]
 
     def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         """End the lease at ``min(now + ttl, acquired + max_lifetime)``, never reviving it.
@@ -123,8 +169,9 @@ class MemoryBackend(BaseBackend):
             lease = self._live(key, self._clock())
             if lease is None or lease.token != token or lease.released:
                 return None
-            self._fences[key] = self._fences.get(key, 0) + 1
-            return self._fences[key]
+            counter, _ = limited_key(key)  # one counter for all permits of a key
+            self._fences[counter] = self._fences.get(counter, 0) + 1
+            return self._fences[counter]
 
     def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
         """End ``key``'s live lease (only the one named ``lease``, when given)."""

@@ -20,7 +20,7 @@ from typing import Any, TypedDict
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-from django_tasklock.backends.base import KEY_PREFIX, STALE_AFTER
+from django_tasklock.backends.base import KEY_PREFIX, PERMIT_SEPARATOR, STALE_AFTER
 from django_tasklock.conf import conf
 from django_tasklock.durations import MAX_DURATION as MAX_DURATION
 from django_tasklock.durations import MIN_DURATION as MIN_DURATION
@@ -45,6 +45,9 @@ def validate_key(key: object) -> str:
     if "\x00" in key:
         # PostgreSQL refuses NUL in text; Redis would store it. Same answer everywhere.
         raise ValueError("key must not contain NUL ('\\x00')")
+    if PERMIT_SEPARATOR in key:
+        # It names a limited key's permits in the storage: no key may name one.
+        raise ValueError("key must not contain the unit separator ('\\x1f')")
     try:
         key.encode("utf-8")
     except UnicodeEncodeError:

@@ -33,6 +33,7 @@ from django_tasklock.testing.cases_fencing import FencingCases
 from django_tasklock.testing.cases_lease import LeaseCases
 from django_tasklock.testing.cases_lock import LockCases
 from django_tasklock.testing.cases_operations import OperationCases
+from django_tasklock.testing.cases_permits import PermitCases
 from django_tasklock.testing.cases_resend import ResendCases
 from django_tasklock.testing.support import ContractBackend, SignalRecorder
 
@@ -49,6 +50,7 @@ class BackendContract(
     FencingCases,
     ResendCases,
     DeadHolderCases,
+    PermitCases,
 ):
     """docs/guarantees.md, "What you can rely on", items 1 to 12, against ``contract_backend``."""
 

@@ -57,6 +57,12 @@ def test_keys_no_storage_can_hold_are_value_errors(key: str) -> None:
         validate_key(key)
 
 
+@pytest.mark.parametrize("key", ["a\x1f0", "\x1f", "report\x1f2"])
+def test_keys_that_would_name_a_limited_keys_permit_are_value_errors(key: str) -> None:
+    with pytest.raises(ValueError, match="key must not contain the unit separator"):
+        validate_key(key)
+
+
 def test_any_other_unicode_key_is_fine() -> None:
     assert validate_key("clé:日本:🔒") == "clé:日本:🔒"
 

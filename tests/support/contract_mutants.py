@@ -44,6 +44,10 @@ NEVER = "test_holders_whose_death_cannot_be_proven_are_never_taken_over"
 MIN_HOLD_DEAD = "test_a_min_hold_outlives_its_dead_holder"
 REAP = "test_reaping_ends_a_dead_holders_lease_and_nothing_else"
 DEAD_CASES = [DEAD, NEVER, MIN_HOLD_DEAD, REAP]
+PERMITS = "test_a_limited_key_gives_each_of_its_permits_once"
+PERMIT_THREADS = "test_threads_contending_never_hold_more_than_the_limit"
+LIMITS = "test_a_limit_that_disagrees_with_the_held_permits_is_refused_writing_nothing"
+PERMIT_CASES = [PERMITS, PERMIT_THREADS, LIMITS]
 
 
 def memory(backend: MemoryBackend, **hooks: Any) -> ContractBackend:
@@ -139,10 +143,19 @@ SUBJECTS: dict[str, tuple[Callable[[], ContractBackend], list[str], list[str]]] 
     "DeadHolderKeepsTheKey": (lambda: memory(mutants.DeadHolderKeepsTheKey()), [DEAD], []),
     "TakesOverAMinHold": (lambda: memory(mutants.TakesOverAMinHold()), [MIN_HOLD_DEAD], []),
     "ReapsTheLiving": (lambda: memory(mutants.ReapsTheLiving()), [REAP], []),
+    "GivesAPermitTwice": (
+        lambda: memory(mutants.GivesAPermitTwice()),
+        [PERMITS, PERMIT_THREADS],
+        [],
+    ),
+    "MixesLimits": (lambda: memory(mutants.MixesLimits()), [LIMITS], []),
     # Controls: the correct backends pass the same cases.
     "ControlMemory": (
         lambda: memory(MemoryBackend()),
-        [CLEAR, RESURRECT, CAP, FIRST, TOKEN, EXCLUDE, EXPIRED, ABANDONED, LISTING, *DEAD_CASES],
+        [
+            *[CLEAR, RESURRECT, CAP, FIRST, TOKEN, EXCLUDE, EXPIRED, ABANDONED, LISTING],
+            *[*DEAD_CASES, *PERMIT_CASES],
+        ],
         [],
     ),
     "ControlServerClockMemory": (

@@ -12,7 +12,14 @@ from datetime import timedelta
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_tasklock.backends.base import STALE_AFTER, Capabilities, Holder, storage_key
+from django_tasklock.backends.base import (
+    PERMIT_SEPARATOR,
+    STALE_AFTER,
+    Capabilities,
+    Holder,
+    permit_key,
+    storage_key,
+)
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.memory import MemoryBackend, _Lease
 from django_tasklock.processes import holder_gone, this_machine
@@ -142,6 +149,33 @@ class ReapsTheLiving(MemoryBackend):
                 if Holder.from_token(lease.token).machine == this_machine()
             ]
             return [self._held(key, self._leases.pop(key), now) for key in ours]
+
+
+class GivesAPermitTwice(MemoryBackend):
+    """Gives the first permit of a limited key to whoever asks, held or not."""
+
+    def acquire_permit(
+        self, key: str, token: str, *, limit: int, ttl: timedelta, max_lifetime: timedelta
+    ) -> str | None:
+        with self._lock:
+            now = self._clock()
+            self._limits[key] = limit
+            name = permit_key(key, 0)
+            expires = now + min(ttl, max_lifetime).total_seconds()
+            self._leases[name] = _Lease(token=token, acquired=now, expires=expires, limit=limit)
+            return name
+
+
+class MixesLimits(MemoryBackend):
+    """Serves a key whatever limit its held permits, or its mutex lease, were taken with."""
+
+    def _live_permits(self, key: str, now: float) -> list[tuple[str, _Lease]]:
+        return []  # never finds permits of another limit, nor permits where a mutex asks
+
+    def _live(self, key: str, now: float) -> _Lease | None:
+        if PERMIT_SEPARATOR not in key and key in self._limits:
+            return None  # a limited key's mutex lease, unseen by its permits' takers
+        return super()._live(key, now)
 
 
 class ServerClockMemory(MemoryBackend):

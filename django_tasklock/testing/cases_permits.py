@@ -1,0 +1,199 @@
+"""Contract cases: the permits of a ``limit=N`` key, each a lease of its own.
+
+A backend with the capability ``permits`` gives at most N live permits of one
+key at once, never one slot to two holders, and refuses a limit that
+disagrees with the permits (or the mutex's lease) held now. A backend
+without it has these cases skipped, with that reason.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from django_tasklock.backends.base import BaseBackend, limited_key, permit_key
+from django_tasklock.exceptions import LimitMismatch
+from django_tasklock.leases.lease import new_token
+from django_tasklock.testing.support import LIFE, LONG, ContractBackend, wait_until
+
+
+class PermitCases:
+    """``acquire_permit``: at most ``limit`` holders of one key, each bound to its token."""
+
+    @pytest.fixture
+    def permits_backend(self, contract_backend: ContractBackend) -> BaseBackend:
+        backend = contract_backend.backend
+        if not backend.capabilities.permits:
+            pytest.skip(f"{contract_backend.name}: no permits (the capability 'permits' is off)")
+        return backend
+
+    def test_a_limited_key_gives_each_of_its_permits_once(
+        self, permits_backend: BaseBackend, key: str
+    ) -> None:
+        backend = permits_backend
+        tokens = [new_token() for _ in range(4)]
+        names = [
+            backend.acquire_permit(key, t, limit=3, ttl=LONG, max_lifetime=LIFE) for t in tokens
+        ]
+        assert names[3] is None  # all three held
+        taken = [name for name in names if name is not None]
+        assert sorted(taken) == sorted(permit_key(key, slot) for slot in range(3))
+        assert sorted(limited_key(name) for name in taken) == [(key, 0), (key, 1), (key, 2)]
+        for name in taken:
+            held = backend.peek(name)
+            assert held is not None
+            assert held.key == name
+        # One released: the fourth gets exactly that one, nobody gets a fourth.
+        assert backend.release(taken[1], tokens[1])
+        assert (
+            backend.acquire_permit(key, tokens[3], limit=3, ttl=LONG, max_lifetime=LIFE)
+            == (taken[1])
+        )
+        assert (
+            backend.acquire_permit(key, new_token(), limit=3, ttl=LONG, max_lifetime=LIFE) is None
+        )
+        for name, token in ((taken[0], tokens[0]), (taken[1], tokens[3]), (taken[2], tokens[2])):
+            assert backend.release(name, token)
+
+    def test_a_permit_sent_again_is_the_same_permit(
+        self, permits_backend: BaseBackend, key: str
+    ) -> None:
+        backend = permits_backend
+        token = new_token()
+        first = backend.acquire_permit(key, token, limit=2, ttl=LONG, max_lifetime=LIFE)
+        again = backend.acquire_permit(key, token, limit=2, ttl=LONG, max_lifetime=LIFE)
+        assert first is not None
+        assert again == first
+        other = new_token()
+        second = backend.acquire_permit(key, other, limit=2, ttl=LONG, max_lifetime=LIFE)
+        assert second is not None
+        assert second != first
+        assert backend.release(first, token)
+        assert backend.release(second, other)
+
+    def test_each_permit_is_refreshed_and_released_by_its_own_token_only(
+        self, permits_backend: BaseBackend, key: str
+    ) -> None:
+        backend = permits_backend
+        a, b = new_token(), new_token()
+        first = backend.acquire_permit(key, a, limit=2, ttl=LONG, max_lifetime=LIFE)
+        second = backend.acquire_permit(key, b, limit=2, ttl=LONG, max_lifetime=LIFE)
+        assert first is not None
+        assert second is not None
+        assert not backend.refresh(first, b, ttl=LONG, max_lifetime=LIFE)
+        assert not backend.release(first, b)
+        assert backend.refresh(first, a, ttl=LONG, max_lifetime=LIFE)
+        assert backend.release(first, a)
+        assert backend.peek(first) is None
+        assert backend.peek(second) is not None  # the other permit is untouched
+        assert backend.refresh(second, b, ttl=LONG, max_lifetime=LIFE)
+        assert backend.release(second, b)
+
+    def test_an_expired_permit_is_taken_over(self, permits_backend: BaseBackend, key: str) -> None:
+        backend = permits_backend
+        short = timedelta(seconds=0.3)
+        first = backend.acquire_permit(key, new_token(), limit=2, ttl=short, max_lifetime=LIFE)
+        second = backend.acquire_permit(key, new_token(), limit=2, ttl=LONG, max_lifetime=LIFE)
+        assert first is not None
+        assert second is not None
+        late = new_token()
+        assert backend.acquire_permit(key, late, limit=2, ttl=LONG, max_lifetime=LIFE) is None
+        taken: list[str | None] = []
+
+        def takes() -> bool:
+            taken.append(backend.acquire_permit(key, late, limit=2, ttl=LONG, max_lifetime=LIFE))
+            return taken[-1] is not None
+
+        wait_until(takes, timeout=30, step=0.05)
+        assert taken[-1] == first  # the expired one, not the live one
+        assert (
+            backend.acquire_permit(key, new_token(), limit=2, ttl=LONG, max_lifetime=LIFE) is None
+        )
+
+    def test_a_limit_that_disagrees_with_the_held_permits_is_refused_writing_nothing(
+        self, permits_backend: BaseBackend, key: str
+    ) -> None:
+        backend = permits_backend
+        token = new_token()
+        name = backend.acquire_permit(key, token, limit=3, ttl=LONG, max_lifetime=LIFE)
+        assert name is not None
+        with pytest.raises(LimitMismatch, match="limit=3") as refused:
+            backend.acquire_permit(key, new_token(), limit=2, ttl=LONG, max_lifetime=LIFE)
+        assert (refused.value.held, refused.value.asked) == (3, 2)
+        with pytest.raises(LimitMismatch) as refused:
+            backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)  # a mutex: limit 1
+        assert (refused.value.held, refused.value.asked) == (3, 1)
+        assert backend.peek(key) is None
+        assert [h.key for h in backend.list() if limited_key(h.key)[0] == key] == [name]
+        assert backend.release(name, token)
+
+        # Nothing of limit 3 held now: another limit is served.
+        mutex = new_token()
+        assert backend.acquire(key, mutex, ttl=LONG, max_lifetime=LIFE)
+        with pytest.raises(LimitMismatch) as refused:
+            backend.acquire_permit(key, new_token(), limit=2, ttl=LONG, max_lifetime=LIFE)
+        assert (refused.value.held, refused.value.asked) == (1, 2)
+        assert backend.release(key, mutex)
+        other = new_token()
+        name = backend.acquire_permit(key, other, limit=2, ttl=LONG, max_lifetime=LIFE)
+        assert name is not None
+        assert backend.release(name, other)
+
+    def test_fences_of_a_limited_key_increase_across_its_permits(
+        self, permits_backend: BaseBackend, key: str
+    ) -> None:
+        backend = permits_backend
+        if type(backend).fence is BaseBackend.fence:
+            pytest.skip("no fencing tokens (fence() not implemented)")
+        fences: list[int] = []
+        for _ in range(3):
+            token = new_token()
+            name = backend.acquire_permit(key, token, limit=2, ttl=LONG, max_lifetime=LIFE)
+            assert name is not None
+            fence = backend.fence(name, token)
+            assert fence is not None
+            fences.append(fence)
+            if len(fences) % 2:  # one held, one released: both slots used
+                continue
+            assert backend.release(name, token)
+        assert fences == sorted(set(fences)), fences  # strictly increasing, whichever slot
+
+    def test_threads_contending_never_hold_more_than_the_limit(
+        self, permits_backend: BaseBackend, key: str
+    ) -> None:
+        """8 threads x 30 rounds for 3 permits: never one permit to two, never more than 3."""
+        backend = permits_backend
+        lock = threading.Lock()
+        holding: dict[str, str] = {}  # permit -> token, as the holders say
+        most = [0]
+        errors: list[str] = []
+
+        def worker() -> None:
+            for _ in range(30):
+                token = new_token()
+                name = backend.acquire_permit(key, token, limit=3, ttl=LONG, max_lifetime=LIFE)
+                if name is None:
+                    time.sleep(0.001)
+                    continue
+                with lock:
+                    if name in holding:
+                        errors.append(f"{name!r} given to two holders")
+                    holding[name] = token
+                    most[0] = max(most[0], len(holding))
+                time.sleep(0.005)
+                with lock:
+                    holding.pop(name, None)
+                if not backend.release(name, token):
+                    errors.append(f"{name!r} was not {token}'s at its release")
+
+        threads = [threading.Thread(target=worker) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert not any(thread.is_alive() for thread in threads)
+        assert not errors, errors[:5]
+        assert 1 <= most[0] <= 3
