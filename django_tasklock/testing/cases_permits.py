@@ -128,6 +128,12 @@ class PermitCases:
         assert (refused.value.held, refused.value.asked) == (3, 1)
         assert backend.peek(key) is None
         assert [h.key for h in backend.list() if limited_key(h.key)[0] == key] == [name]
+        # Neither an operator's force release of the key's name nor a sweep
+        # lets a mutex in beside the permit.
+        assert backend.force_release(key) is None
+        backend.clear_stale()
+        with pytest.raises(LimitMismatch):
+            backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)
         assert backend.release(name, token)
 
         # Nothing of limit 3 held now: another limit is served.
@@ -172,6 +178,12 @@ class PermitCases:
         errors: list[str] = []
 
         def worker() -> None:
+            try:
+                rounds()
+            finally:
+                backend.close()  # this thread's connections, if the storage gave it some
+
+        def rounds() -> None:
             for _ in range(30):
                 token = new_token()
                 name = backend.acquire_permit(key, token, limit=3, ttl=LONG, max_lifetime=LIFE)
@@ -197,3 +209,58 @@ class PermitCases:
         assert not any(thread.is_alive() for thread in threads)
         assert not errors, errors[:5]
         assert 1 <= most[0] <= 3
+
+    def test_a_mutex_and_permits_of_one_name_are_never_held_together(
+        self, permits_backend: BaseBackend, key: str
+    ) -> None:
+        """Threads asking for the key as a mutex and as ``limit=2`` at once: one kind at a time."""
+        backend = permits_backend
+        lock = threading.Lock()
+        holding: dict[str, int] = {"mutex": 0, "permits": 0}
+        errors: list[str] = []
+        refused = [0]
+
+        def take(mutex: bool) -> tuple[str, str] | None:
+            token = new_token()
+            try:
+                if mutex:
+                    taken = backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+                    return (key, token) if taken else None
+                name = backend.acquire_permit(key, token, limit=2, ttl=LONG, max_lifetime=LIFE)
+                return None if name is None else (name, token)
+            except LimitMismatch:
+                with lock:
+                    refused[0] += 1
+                return None
+
+        def rounds(mutex: bool) -> None:
+            kind = "mutex" if mutex else "permits"
+            for _ in range(25):
+                taken = take(mutex)
+                if taken is None:
+                    time.sleep(0.001)
+                    continue
+                with lock:
+                    holding[kind] += 1
+                    other = holding["permits" if mutex else "mutex"]
+                    if other:
+                        errors.append(f"a {kind} held beside {other} of the other kind")
+                time.sleep(0.003)
+                with lock:
+                    holding[kind] -= 1
+                if not backend.release(*taken):
+                    errors.append(f"{taken[0]!r} was not its taker's at its release")
+
+        def worker(mutex: bool) -> None:
+            try:
+                rounds(mutex)
+            finally:
+                backend.close()
+
+        threads = [threading.Thread(target=worker, args=(i % 2 == 0,)) for i in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert not any(thread.is_alive() for thread in threads)
+        assert not errors, errors[:5]

@@ -7,7 +7,9 @@ over (expired, or older than 24 h: see ``rows``), by the server's clock; a
 stale row is deleted by its holder's token and the INSERT sent again. So is
 a live row whose holder is provably gone (``processes.holder_gone``: a process
 of this machine that no longer runs): the DELETE names its token, so of two
-processes doing so at once, one deletes it, and one INSERT wins.
+processes doing so at once, one deletes it, and one INSERT wins. A limited
+key's anchor row (``permits``) is refused while a permit of it lives, and
+deleted otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from django_tasklock.backends.database.connections import (
     savepoint_if_in_transaction,
 )
 from django_tasklock.backends.database.functions import Compiled, UtcNow
+from django_tasklock.backends.database.permits import anchor_limit, settle_anchor
 from django_tasklock.backends.database.statements import HolderLook
 from django_tasklock.processes import holder_gone
 
@@ -69,6 +72,11 @@ def insert_lease(
                     raise  # not a key conflict after all: a real error
                 continue  # the holder released between our INSERT and our look
             holder, live = seen
+            if anchor_limit(holder) is not None:
+                # A limited key's anchor: refused while a permit of it lives,
+                # else the anchor is deleted and the INSERT sent again.
+                settle_anchor(model, alias, stored, holder)
+                continue
             if live and holder == token:
                 return "ours"  # our own row: this INSERT sent again after its reply was lost
             if live and holder_gone(Holder.from_token(holder)) is not True:

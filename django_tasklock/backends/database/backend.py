@@ -56,6 +56,12 @@ from django_tasklock.backends.database.fences import (
 )
 from django_tasklock.backends.database.functions import Compiled, UtcNow, server_time
 from django_tasklock.backends.database.notifications import listener_for
+from django_tasklock.backends.database.permits import (
+    anchor_limit,
+    counter_key,
+    is_anchor,
+    take_permit,
+)
 from django_tasklock.backends.database.releases import end_lease, record_forced
 from django_tasklock.backends.database.retries import retry_on_new_connection, retry_when_busy
 from django_tasklock.backends.forksafe import ForkSafeLock
@@ -79,7 +85,7 @@ class DatabaseBackend(BaseBackend):
     alone: keep work under a ``TestCase`` shorter than its ``ttl``.
     """
 
-    capabilities = Capabilities(dead_holders=True)
+    capabilities = Capabilities(dead_holders=True, permits=True)
     #: Databases whose fence is one upsert statement (the others: a transaction).
     single_statement_fence_vendors: tuple[str, ...] = ("postgresql", "sqlite")
 
@@ -120,6 +126,25 @@ class DatabaseBackend(BaseBackend):
             with self._test_leases_lock:
                 self._test_leases.add((stored, token))
         return outcome != "held"
+
+    @names_missing_table
+    @retry_when_busy
+    def acquire_permit(
+        self, key: str, token: str, *, limit: int, ttl: timedelta, max_lifetime: timedelta
+    ) -> str | None:
+        """One transaction of 3 to 6 statements: the key's anchor, its rows, two writes each.
+
+        See ``permits``: the anchor row ``task-lock:<key>`` keeps the limit,
+        and makes a mutex and a limited key of one name refuse each other.
+        """
+        with alias_for_writing(self.using) as alias:
+            name, inserted = take_permit(
+                self._model(), alias, key, token, limit=limit, ttl=ttl, max_lifetime=max_lifetime
+            )
+            if name is not None and inserted and in_test_transaction(connections[alias]):
+                with self._test_leases_lock:
+                    self._test_leases.add((storage_key(name), token))
+        return name
 
     @names_missing_table
     @retry_when_busy
@@ -221,8 +246,8 @@ class DatabaseBackend(BaseBackend):
             if connection.vendor in self.single_statement_fence_vendors and upsert_returns(
                 connection
             ):
-                return next_fence_upsert(alias, key, held)
-            return next_fence_in_transaction(alias, key, held)
+                return next_fence_upsert(alias, counter_key(key), held)
+            return next_fence_in_transaction(alias, counter_key(key), held)
 
     @names_missing_table
     @retry_when_busy
@@ -235,7 +260,8 @@ class DatabaseBackend(BaseBackend):
         """
         stored = storage_key(key)
         with alias_for_writing(self.using) as alias:
-            row = db_rows.live(self._model(), alias).filter(key=stored).first()
+            rows = db_rows.live(self._model(), alias).filter(key=stored)
+            row = rows.exclude(is_anchor()).first()  # an anchor is no lease
         if row is None:
             return None
         found = db_rows.held(row)
@@ -264,13 +290,15 @@ class DatabaseBackend(BaseBackend):
     def peek(self, key: str) -> HeldLock | None:
         with alias_for_reading(self.using) as alias:
             found = self._peek_statement(alias).run(alias, storage_key(key))
-        return db_rows.held_values(*found) if found is not None else None
+        if found is None or anchor_limit(found[1]) is not None:  # an anchor is no lease
+            return None
+        return db_rows.held_values(*found)
 
     @names_missing_table
     @retry_when_busy
     def list(self) -> list[HeldLock]:
         with alias_for_reading(self.using) as alias:
-            rows = db_rows.live(self._model(), alias).order_by("key")
+            rows = db_rows.live(self._model(), alias).exclude(is_anchor()).order_by("key")
             return [db_rows.held(row) for row in rows]
 
     @names_missing_table
