@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.db import DatabaseError
@@ -251,3 +252,49 @@ def test_acquire_whose_reply_was_lost_is_acquired_or_an_error_never_held(
             assert ran == []
     assert proxy.dropped == 1, "the acquisition's reply was not lost"
     assert direct.peek(key) is None, "a lease nobody runs was left behind"
+
+
+def test_a_permit_whose_commit_reply_was_lost_is_the_same_permit_when_asked_again(
+    storage: str, proxy: FaultProxy, direct: BaseBackend, key: str
+) -> None:
+    """The database backend: the caller gets the error; the permit the transaction
+    committed is its token's, and asking again with the token answers it, taking
+    no second permit."""
+    if storage == "redis":
+        pytest.skip("redis: no permits yet (the capability 'permits' is off)")
+    token = new_token()
+    terms: dict[str, Any] = {"limit": 2, "ttl": LONG, "max_lifetime": LIFE}
+    with proxied_backend(storage, proxy) as backend:
+        proxy.drop_reply(match=b"COMMIT")
+        with pytest.raises(DatabaseError):
+            backend.acquire_permit(key, token, **terms)
+        assert proxy.dropped == 1, "the transaction's reply was not lost"
+        name = backend.acquire_permit(key, token, **terms)
+    assert name is not None
+    held = direct.peek(name)
+    assert held is not None
+    assert held.lease == lease_id(token)
+    other = new_token()
+    second = direct.acquire_permit(key, other, **terms)
+    assert second is not None  # the first ask took one permit, not two
+    assert second != name
+    assert direct.release(name, token)
+    assert direct.release(second, other)
+
+
+def test_the_next_acquisition_after_a_lost_reply_runs_on_a_new_connection(
+    storage: str, proxy: FaultProxy, direct: BaseBackend, key: str
+) -> None:
+    """The database backend: an INSERT whose reply was lost raises; the same thread's
+    next call must not meet the dead connection (it did: "the connection is closed"
+    on PostgreSQL, "Server has gone away" on MariaDB)."""
+    if storage == "redis":
+        pytest.skip("redis: the client sends the script again itself")
+    token = new_token()
+    with proxied_backend(storage, proxy) as backend:
+        proxy.drop_reply(match=b"INSERT")
+        with pytest.raises(DatabaseError):
+            backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        assert proxy.dropped == 1, "the acquisition's reply was not lost"
+        assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)  # its own row: ours
+    assert direct.release(key, token)

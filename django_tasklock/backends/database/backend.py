@@ -115,7 +115,11 @@ class DatabaseBackend(BaseBackend):
     @retry_when_busy
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         with alias_for_writing(self.using) as alias:
-            return self._acquire(alias, storage_key(key), token, ttl, max_lifetime)
+            try:
+                return self._acquire(alias, storage_key(key), token, ttl, max_lifetime)
+            except Error:
+                _let_go_if_dead(alias)
+                raise
 
     def _acquire(
         self, alias: str, stored: str, token: str, ttl: timedelta, max_lifetime: timedelta
@@ -138,9 +142,19 @@ class DatabaseBackend(BaseBackend):
         and makes a mutex and a limited key of one name refuse each other.
         """
         with alias_for_writing(self.using) as alias:
-            name, inserted = take_permit(
-                self._model(), alias, key, token, limit=limit, ttl=ttl, max_lifetime=max_lifetime
-            )
+            try:
+                name, inserted = take_permit(
+                    self._model(),
+                    alias,
+                    key,
+                    token,
+                    limit=limit,
+                    ttl=ttl,
+                    max_lifetime=max_lifetime,
+                )
+            except Error:
+                _let_go_if_dead(alias)  # the next call finds its permit on a new one
+                raise
             if name is not None and inserted and in_test_transaction(connections[alias]):
                 with self._test_leases_lock:
                     self._test_leases.add((storage_key(name), token))
@@ -394,3 +408,15 @@ class DatabaseBackend(BaseBackend):
         if self._cached_model is None:
             self._cached_model = db_rows.lock_model()
         return self._cached_model
+
+
+def _let_go_if_dead(alias: str) -> None:
+    """After a failed acquisition, close ``alias``'s connection if it died (a lost reply).
+
+    Else the thread's next call meets the dead connection ("the connection is
+    closed", "server has gone away") although the database is fine. Not in
+    a transaction of the caller's (a ``TestCase``'s): that one is the caller's.
+    """
+    connection = connections[alias]
+    if not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()
