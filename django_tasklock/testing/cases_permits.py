@@ -113,6 +113,29 @@ class PermitCases:
             backend.acquire_permit(key, new_token(), limit=2, ttl=LONG, max_lifetime=LIFE) is None
         )
 
+    def test_a_dead_holders_permit_is_taken_over_and_a_live_ones_never(
+        self, permits_backend: BaseBackend, key: str, contract_backend: ContractBackend
+    ) -> None:
+        """With ``dead_holders``: a permit whose holder is provably gone frees its slot at once."""
+        from django_tasklock.testing.cases_dead import dead_token, proofs_here, takes_over
+
+        backend = permits_backend
+        takes_over(backend, contract_backend.name)
+        proofs_here()
+        dead, live = dead_token(), new_token()
+        first = backend.acquire_permit(key, live, limit=2, ttl=LONG, max_lifetime=LIFE)
+        second = backend.acquire_permit(key, dead, limit=2, ttl=LONG, max_lifetime=LIFE)
+        assert first is not None
+        assert second is not None
+        token = new_token()
+        assert backend.acquire_permit(key, token, limit=2, ttl=LONG, max_lifetime=LIFE) == second
+        assert not backend.refresh(second, dead, ttl=LONG, max_lifetime=LIFE)  # nobody's now
+        assert (
+            backend.acquire_permit(key, new_token(), limit=2, ttl=LONG, max_lifetime=LIFE) is None
+        )
+        assert backend.release(first, live)
+        assert backend.release(second, token)
+
     def test_a_limit_that_disagrees_with_the_held_permits_is_refused_writing_nothing(
         self, permits_backend: BaseBackend, key: str
     ) -> None:
