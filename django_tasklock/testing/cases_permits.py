@@ -8,8 +8,10 @@ without it has these cases skipped, with that reason.
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -17,7 +19,14 @@ import pytest
 from django_tasklock.backends.base import BaseBackend, limited_key, permit_key
 from django_tasklock.exceptions import LimitMismatch
 from django_tasklock.leases.lease import new_token
-from django_tasklock.testing.support import LIFE, LONG, ContractBackend, wait_until
+from django_tasklock.testing.support import (
+    LIFE,
+    LONG,
+    ContractBackend,
+    cross_process_recipe,
+    wait_until,
+)
+from django_tasklock.testing.workers import contend_for_permits
 
 
 class PermitCases:
@@ -189,6 +198,39 @@ class PermitCases:
                 continue
             assert backend.release(name, token)
         assert fences == sorted(set(fences)), fences  # strictly increasing, whichever slot
+
+    def test_processes_contending_never_hold_more_than_the_limit(
+        self, permits_backend: BaseBackend, contract_backend: ContractBackend, key: str
+    ) -> None:
+        """6 processes for 3 permits: never more than 3 holds at once, never one permit twice."""
+        recipe = cross_process_recipe(contract_backend)
+        ctx = multiprocessing.get_context("spawn")
+        n, limit = 6, 3
+        barrier = ctx.Barrier(n)
+        results = ctx.Queue()
+        args = (recipe, key, limit, 2.5, 0.02, barrier, results)
+        procs = [ctx.Process(target=contend_for_permits, args=args) for _ in range(n)]
+        for proc in procs:
+            proc.start()
+        reports = [results.get(timeout=120) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=10)
+        holds = [hold for _, held, _ in reports for hold in held]
+        edges = sorted(
+            [(start, 1, name) for start, _, name in holds]
+            + [(end, -1, name) for _, end, name in holds],
+            key=lambda edge: (edge[0], edge[1]),
+        )  # at one instant, an end before a start
+        at_once, most, names = 0, 0, Counter[str]()
+        for _, step, name in edges:
+            at_once += step
+            names[name] += step
+            most = max(most, at_once)
+            assert names[name] <= 1, f"{name!r} held by two processes at once"
+        assert most <= limit
+        assert most >= 2, "the permits were never held together"
+        assert sum(refused for _, _, refused in reports) > 0, "there was no contention"
+        assert len(holds) >= 20
 
     def test_threads_contending_never_hold_more_than_the_limit(
         self, permits_backend: BaseBackend, key: str

@@ -83,6 +83,48 @@ def contend(
     results.put((os.getpid(), held, refused))
 
 
+def contend_for_permits(
+    recipe: BackendRecipe,
+    key: str,
+    limit: int,
+    seconds: float,
+    hold: float,
+    barrier: Barrier,
+    results: Queue[tuple[int, list[tuple[float, float, str]], int]],
+) -> None:
+    """:func:`contend` for one of ``key``'s ``limit`` permits, through the backend.
+
+    Reports each hold as (start, end, the permit's name), taken after the
+    acquisition and before the release on the host's monotonic clock: more
+    than ``limit`` intervals overlapping at once, or two of one name, prove
+    a permit given too many times.
+    """
+    from datetime import timedelta
+
+    from django_tasklock.leases.tokens import new_token
+
+    backend = recipe.build()
+    ttl, life = timedelta(seconds=10), timedelta(hours=1)
+    held: list[tuple[float, float, str]] = []
+    refused = 0
+    barrier.wait()
+    start = time.monotonic()
+    end, hard_end = start + seconds, start + 10 * seconds
+    while time.monotonic() < end or (len(held) < 4 and time.monotonic() < hard_end):
+        token = new_token()
+        name = backend.acquire_permit(key, token, limit=limit, ttl=ttl, max_lifetime=life)
+        if name is None:
+            refused += 1
+            time.sleep(random.uniform(0, hold / 2))
+            continue
+        began = time.monotonic()
+        time.sleep(hold)
+        held.append((began, time.monotonic(), name))
+        backend.release(name, token)
+    backend.close()
+    results.put((os.getpid(), held, refused))
+
+
 def hold_until_killed(
     recipe: BackendRecipe,
     key: str,
