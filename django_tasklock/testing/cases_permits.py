@@ -8,10 +8,12 @@ without it has these cases skipped, with that reason.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -29,6 +31,21 @@ from django_tasklock.testing.support import (
 from django_tasklock.testing.workers import contend_for_permits
 
 
+def take(backend: BaseBackend, key: str, token: str, limit: int) -> str | None:
+    """``backend.acquire_permit`` with the cases' ttl and cap."""
+    return backend.acquire_permit(key, token, limit=limit, ttl=LONG, max_lifetime=LIFE)
+
+
+def run_threads(targets: list[Callable[[], None]]) -> None:
+    """Run each of ``targets`` in a thread of its own, and wait (2 minutes at most) for all."""
+    threads = [threading.Thread(target=target) for target in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads)
+
+
 class PermitCases:
     """``acquire_permit``: at most ``limit`` holders of one key, each bound to its token."""
 
@@ -44,9 +61,7 @@ class PermitCases:
     ) -> None:
         backend = permits_backend
         tokens = [new_token() for _ in range(4)]
-        names = [
-            backend.acquire_permit(key, t, limit=3, ttl=LONG, max_lifetime=LIFE) for t in tokens
-        ]
+        names = [take(backend, key, t, 3) for t in tokens]
         assert names[3] is None  # all three held
         taken = [name for name in names if name is not None]
         assert sorted(taken) == sorted(permit_key(key, slot) for slot in range(3))
@@ -57,13 +72,8 @@ class PermitCases:
             assert held.key == name
         # One released: the fourth gets exactly that one, nobody gets a fourth.
         assert backend.release(taken[1], tokens[1])
-        assert (
-            backend.acquire_permit(key, tokens[3], limit=3, ttl=LONG, max_lifetime=LIFE)
-            == (taken[1])
-        )
-        assert (
-            backend.acquire_permit(key, new_token(), limit=3, ttl=LONG, max_lifetime=LIFE) is None
-        )
+        assert take(backend, key, tokens[3], 3) == (taken[1])
+        assert take(backend, key, new_token(), 3) is None
         for name, token in ((taken[0], tokens[0]), (taken[1], tokens[3]), (taken[2], tokens[2])):
             assert backend.release(name, token)
 
@@ -72,12 +82,12 @@ class PermitCases:
     ) -> None:
         backend = permits_backend
         token = new_token()
-        first = backend.acquire_permit(key, token, limit=2, ttl=LONG, max_lifetime=LIFE)
-        again = backend.acquire_permit(key, token, limit=2, ttl=LONG, max_lifetime=LIFE)
+        first = take(backend, key, token, 2)
+        again = take(backend, key, token, 2)
         assert first is not None
         assert again == first
         other = new_token()
-        second = backend.acquire_permit(key, other, limit=2, ttl=LONG, max_lifetime=LIFE)
+        second = take(backend, key, other, 2)
         assert second is not None
         assert second != first
         assert backend.release(first, token)
@@ -88,8 +98,8 @@ class PermitCases:
     ) -> None:
         backend = permits_backend
         a, b = new_token(), new_token()
-        first = backend.acquire_permit(key, a, limit=2, ttl=LONG, max_lifetime=LIFE)
-        second = backend.acquire_permit(key, b, limit=2, ttl=LONG, max_lifetime=LIFE)
+        first = take(backend, key, a, 2)
+        second = take(backend, key, b, 2)
         assert first is not None
         assert second is not None
         assert not backend.refresh(first, b, ttl=LONG, max_lifetime=LIFE)
@@ -105,22 +115,20 @@ class PermitCases:
         backend = permits_backend
         short = timedelta(seconds=0.3)
         first = backend.acquire_permit(key, new_token(), limit=2, ttl=short, max_lifetime=LIFE)
-        second = backend.acquire_permit(key, new_token(), limit=2, ttl=LONG, max_lifetime=LIFE)
+        second = take(backend, key, new_token(), 2)
         assert first is not None
         assert second is not None
         late = new_token()
-        assert backend.acquire_permit(key, late, limit=2, ttl=LONG, max_lifetime=LIFE) is None
+        assert take(backend, key, late, 2) is None
         taken: list[str | None] = []
 
         def takes() -> bool:
-            taken.append(backend.acquire_permit(key, late, limit=2, ttl=LONG, max_lifetime=LIFE))
+            taken.append(take(backend, key, late, 2))
             return taken[-1] is not None
 
         wait_until(takes, timeout=30, step=0.05)
         assert taken[-1] == first  # the expired one, not the live one
-        assert (
-            backend.acquire_permit(key, new_token(), limit=2, ttl=LONG, max_lifetime=LIFE) is None
-        )
+        assert take(backend, key, new_token(), 2) is None
 
     def test_a_dead_holders_permit_is_taken_over_and_a_live_ones_never(
         self, permits_backend: BaseBackend, key: str, contract_backend: ContractBackend
@@ -132,16 +140,14 @@ class PermitCases:
         takes_over(backend, contract_backend.name)
         proofs_here()
         dead, live = dead_token(), new_token()
-        first = backend.acquire_permit(key, live, limit=2, ttl=LONG, max_lifetime=LIFE)
-        second = backend.acquire_permit(key, dead, limit=2, ttl=LONG, max_lifetime=LIFE)
+        first = take(backend, key, live, 2)
+        second = take(backend, key, dead, 2)
         assert first is not None
         assert second is not None
         token = new_token()
-        assert backend.acquire_permit(key, token, limit=2, ttl=LONG, max_lifetime=LIFE) == second
+        assert take(backend, key, token, 2) == second
         assert not backend.refresh(second, dead, ttl=LONG, max_lifetime=LIFE)  # nobody's now
-        assert (
-            backend.acquire_permit(key, new_token(), limit=2, ttl=LONG, max_lifetime=LIFE) is None
-        )
+        assert take(backend, key, new_token(), 2) is None
         assert backend.release(first, live)
         assert backend.release(second, token)
 
@@ -150,10 +156,10 @@ class PermitCases:
     ) -> None:
         backend = permits_backend
         token = new_token()
-        name = backend.acquire_permit(key, token, limit=3, ttl=LONG, max_lifetime=LIFE)
+        name = take(backend, key, token, 3)
         assert name is not None
         with pytest.raises(LimitMismatch, match="limit=3") as refused:
-            backend.acquire_permit(key, new_token(), limit=2, ttl=LONG, max_lifetime=LIFE)
+            take(backend, key, new_token(), 2)
         assert (refused.value.held, refused.value.asked) == (3, 2)
         with pytest.raises(LimitMismatch) as refused:
             backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)  # a mutex: limit 1
@@ -172,11 +178,11 @@ class PermitCases:
         mutex = new_token()
         assert backend.acquire(key, mutex, ttl=LONG, max_lifetime=LIFE)
         with pytest.raises(LimitMismatch) as refused:
-            backend.acquire_permit(key, new_token(), limit=2, ttl=LONG, max_lifetime=LIFE)
+            take(backend, key, new_token(), 2)
         assert (refused.value.held, refused.value.asked) == (1, 2)
         assert backend.release(key, mutex)
         other = new_token()
-        name = backend.acquire_permit(key, other, limit=2, ttl=LONG, max_lifetime=LIFE)
+        name = take(backend, key, other, 2)
         assert name is not None
         assert backend.release(name, other)
 
@@ -189,7 +195,7 @@ class PermitCases:
         fences: list[int] = []
         for _ in range(3):
             token = new_token()
-            name = backend.acquire_permit(key, token, limit=2, ttl=LONG, max_lifetime=LIFE)
+            name = take(backend, key, token, 2)
             assert name is not None
             fence = backend.fence(name, token)
             assert fence is not None
@@ -251,7 +257,7 @@ class PermitCases:
         def rounds() -> None:
             for _ in range(30):
                 token = new_token()
-                name = backend.acquire_permit(key, token, limit=3, ttl=LONG, max_lifetime=LIFE)
+                name = take(backend, key, token, 3)
                 if name is None:
                     time.sleep(0.001)
                     continue
@@ -266,12 +272,7 @@ class PermitCases:
                 if not backend.release(name, token):
                     errors.append(f"{name!r} was not {token}'s at its release")
 
-        threads = [threading.Thread(target=worker) for _ in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=120)
-        assert not any(thread.is_alive() for thread in threads)
+        run_threads([worker] * 8)
         assert not errors, errors[:5]
         assert 1 <= most[0] <= 3
 
@@ -285,13 +286,13 @@ class PermitCases:
         errors: list[str] = []
         refused = [0]
 
-        def take(mutex: bool) -> tuple[str, str] | None:
+        def take_either(mutex: bool) -> tuple[str, str] | None:
             token = new_token()
             try:
                 if mutex:
                     taken = backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
                     return (key, token) if taken else None
-                name = backend.acquire_permit(key, token, limit=2, ttl=LONG, max_lifetime=LIFE)
+                name = take(backend, key, token, 2)
                 return None if name is None else (name, token)
             except LimitMismatch:
                 with lock:
@@ -301,7 +302,7 @@ class PermitCases:
         def rounds(mutex: bool) -> None:
             kind = "mutex" if mutex else "permits"
             for _ in range(25):
-                taken = take(mutex)
+                taken = take_either(mutex)
                 if taken is None:
                     time.sleep(0.001)
                     continue
@@ -322,10 +323,5 @@ class PermitCases:
             finally:
                 backend.close()
 
-        threads = [threading.Thread(target=worker, args=(i % 2 == 0,)) for i in range(6)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=120)
-        assert not any(thread.is_alive() for thread in threads)
+        run_threads([functools.partial(worker, i % 2 == 0) for i in range(6)])
         assert not errors, errors[:5]
