@@ -103,8 +103,8 @@ class MemoryBackend(BaseBackend):
             for name, lease in permits:
                 if lease.limit != limit:
                     raise LimitMismatch(key, held=lease.limit, asked=limit)
-                if lease.token == token:
-                    return name
+                if lease.token == token:  # sent again; arrived late if its release cut it
+                    return None if lease.released else name
             self._limits[key] = limit
             for slot in range(limit):
                 name = permit_key(key, slot)

@@ -93,6 +93,20 @@ class PermitCases:
         assert backend.release(first, token)
         assert backend.release(second, other)
 
+    def test_a_permit_asked_for_after_its_min_hold_release_is_not_given_again(
+        self, permits_backend: BaseBackend, key: str
+    ) -> None:
+        """An acquisition arriving late, after the release that cut its permit, writes nothing."""
+        backend = permits_backend
+        token = new_token()
+        name = take(backend, key, token, 2)
+        assert name is not None
+        assert backend.release(name, token, min_hold=timedelta(seconds=20))
+        assert take(backend, key, token, 2) is None
+        other = new_token()
+        assert take(backend, key, other, 2) is not None  # the late one took no slot
+        assert take(backend, key, new_token(), 2) is None
+
     def test_each_permit_is_refreshed_and_released_by_its_own_token_only(
         self, permits_backend: BaseBackend, key: str
     ) -> None:

@@ -4,7 +4,7 @@ Permit ``i`` of key ``K`` is an ordinary lease row, ``task-lock:K\\x1fi``
 (``base.permit_key``): refreshed, released, fenced and swept as any lease.
 While any permit of ``K`` may be live, the row of ``K`` itself,
 ``task-lock:K``, is the key's **anchor**: its value is not a token but
-``"\\x1flimit=N"`` (no token starts with the separator). The anchor is what
+``"\\x1flimit=N\\x1f<nonce>"`` (no token starts with the separator). The anchor is what
 makes a mutex and a limited key of one name refuse each other, whoever comes
 first, with no cost to a mutex's acquisition:
 
@@ -21,16 +21,23 @@ UPDATE: PostgreSQL's and InnoDB's row lock, SQLite's write lock), so that a
 permit's acquisition and an anchor's deletion never interleave: the
 deletion sees every permit committed before it, and an acquisition after it
 finds no anchor, and writes one (or, its INSERT conflicting with a mutex's,
-starts again and finds the mutex). Within it, one SELECT reads every row of
+starts again and finds the mutex). Under READ COMMITTED a row that did not
+exist at that first write is not locked by it: an acquisition that then
+finds an anchor starts again (and locks it), and a deletion whose anchor
+changed deletes nothing. Every write of the anchor gives its value a new
+nonce, so a statement bound to the value it saw never meets a later anchor
+of the same limit. Within the transaction, one SELECT reads every row of
 the key with its liveness by the server's clock; then at most two writes
-for the anchor and two for the permit (a stale row of the slot deleted,
-bound to its value, and the new one inserted): 3 to 6 statements, and
-another attempt only when two acquisitions wrote the first anchor at once.
+for the permit (a stale row of the slot deleted, bound to its value, and
+the new one inserted) and two for the anchor: 3 to 6 statements, and
+another attempt only when the anchor changed or two acquisitions wrote the
+first anchor at once.
 
-The anchor outlives every permit it covers: each acquisition sets its
-``created_at`` to now and its ``expires_at`` to at least now +
-``max_lifetime``, past the last moment the new permit's row can live (the
-storage caps every lease at acquisition + ``max_lifetime``). So the generic
+The anchor outlives every permit it covers: each acquisition, after writing
+the permit, sets the anchor's ``created_at`` to now and its ``expires_at``
+to at least now + ``max_lifetime``, no earlier than the last moment the new
+permit's row can live (the storage caps every lease at acquisition +
+``max_lifetime``). So the generic
 rules (an expired or 24 h old row is free; ``clear_stale``) never end an
 anchor while a permit of it may be live; after the last permit, the next
 mutex or limit deletes it, or it expires.
@@ -38,6 +45,7 @@ mutex or limit deletes it, or it expires.
 
 from __future__ import annotations
 
+import secrets
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -57,6 +65,7 @@ from django_tasklock.backends.base import (
 )
 from django_tasklock.backends.database.connections import is_key_conflict
 from django_tasklock.backends.database.functions import UtcNow
+from django_tasklock.backends.database.releases import released
 from django_tasklock.exceptions import LimitMismatch
 from django_tasklock.processes import holder_gone
 
@@ -75,13 +84,19 @@ class _Changed(Exception):
 
 
 def anchor_value(limit: int) -> str:
-    """The value of a limited key's anchor row: its limit, and no token."""
-    return f"{_ANCHOR}{limit}"
+    """A new value of a limited key's anchor row: its limit, and a nonce (no token).
+
+    Each write of the anchor gives it a new nonce, so that a statement bound
+    to the value it saw never meets a later anchor of the same limit.
+    """
+    return f"{_ANCHOR}{limit}{PERMIT_SEPARATOR}{secrets.token_hex(8)}"
 
 
 def anchor_limit(value: str) -> int | None:
     """The limit an anchor row's value says; None for a lease's row (a token)."""
-    return int(value[len(_ANCHOR) :]) if value.startswith(_ANCHOR) else None
+    if not value.startswith(_ANCHOR):
+        return None
+    return int(value[len(_ANCHOR) :].partition(PERMIT_SEPARATOR)[0])
 
 
 def is_anchor() -> Q:
@@ -111,9 +126,19 @@ def _with_liveness(rows: QuerySet[CacheEntry]) -> list[tuple[str, str, bool]]:
     ]
 
 
-def _lock_anchor(model: type[CacheEntry], alias: str, stored: str) -> None:
-    """A no-op write of the anchor's row: the row's lock, or SQLite's write lock, till commit."""
-    model.objects.using(alias).filter(key=stored).update(created_at=F("created_at"))
+def _lock_anchor(
+    model: type[CacheEntry], alias: str, stored: str, value: str | None = None
+) -> int:
+    """A no-op write of the anchor's row (of ``value`` only, if given): how many rows it locked.
+
+    The row's lock (PostgreSQL, InnoDB), or SQLite's write lock, till commit.
+    A row that does not exist (yet) is not locked under READ COMMITTED: a
+    caller that finds one afterwards must look again.
+    """
+    rows = model.objects.using(alias).filter(key=stored)
+    if value is not None:
+        rows = rows.filter(value=value)
+    return rows.update(created_at=F("created_at"))
 
 
 def _dead(value: str) -> bool:
@@ -160,7 +185,7 @@ def _take(
     max_lifetime: timedelta,
 ) -> tuple[str | None, bool]:
     rows = model.objects.using(alias)
-    _lock_anchor(model, alias, stored)
+    locked = _lock_anchor(model, alias, stored)
     anchor: tuple[str, bool] | None = None
     permits: dict[int, tuple[str, bool]] = {}
     for name, value, live in _with_liveness(_rows_of(model, alias, stored)):
@@ -176,6 +201,8 @@ def _take(
         held = anchor_limit(value)
         if held is None and live:
             raise LimitMismatch(key, held=1, asked=limit)  # a mutex's lease
+        if held is not None and not locked:
+            raise _Changed  # an anchor written since our lock: take its lock, then look
         if held is not None and held != limit and live_permits:
             raise LimitMismatch(key, held=held, asked=limit)
     if any(slot >= limit for slot in live_permits):  # an anchor deleted by hand
@@ -183,10 +210,20 @@ def _take(
     for slot, value in live_permits.items():
         if value == token:
             return permit_key(key, slot), False  # this acquisition sent again
+        if value == released(token):
+            return None, False  # arrived late: its permit was released (cut for min_hold)
     free = [s for s in range(limit) if s not in live_permits or _dead(live_permits[s])]
     if not free:
         return None, False
     now, life = UtcNow(), min(ttl, max_lifetime)
+    # The permit first: the anchor's times, read by the server's clock in a
+    # later statement, are then no earlier than the permit's, and the anchor
+    # outlives the permit's cap (created_at + max_lifetime) by construction.
+    slot = free[0]
+    name = permit_key(key, slot)
+    if slot in permits:  # a stale row, or a dead holder's: bound to its value
+        rows.filter(key=storage_key(name), value=permits[slot][0])._raw_delete(alias)
+    rows.create(key=storage_key(name), value=token, created_at=now, expires_at=now + life)
     if anchor is None or anchor_limit(anchor[0]) is None:
         if anchor is not None:  # a mutex's row, no longer live
             rows.filter(key=stored, value=anchor[0])._raw_delete(alias)
@@ -203,11 +240,6 @@ def _take(
         )
         if not updated:
             raise _Changed
-    slot = free[0]
-    name = permit_key(key, slot)
-    if slot in permits:  # a stale row, or a dead holder's: bound to its value
-        rows.filter(key=storage_key(name), value=permits[slot][0])._raw_delete(alias)
-    rows.create(key=storage_key(name), value=token, created_at=now, expires_at=now + life)
     return name, True
 
 
@@ -218,7 +250,8 @@ def settle_anchor(model: type[CacheEntry], alias: str, stored: str, value: str) 
     the anchor (bound to ``value``) so that the mutex's INSERT can be sent again.
     """
     with transaction.atomic(using=alias):
-        _lock_anchor(model, alias, stored)
+        if not _lock_anchor(model, alias, stored, value):
+            return  # not that anchor any more: the INSERT, sent again, finds what is there
         permits = _rows_of(model, alias, stored).exclude(key=stored)
         live = permits.filter(expires_at__gt=UtcNow(), created_at__gt=UtcNow() - STALE_AFTER)
         if live.exists():
