@@ -85,7 +85,8 @@ class MemoryBackend(BaseBackend):
                 raise LimitMismatch(key, held=permits[0][1].limit, asked=1)
             live = self._live(key, now)
             if live is not None and (live.token == token or not self._dead(live)):
-                return live.token == token
+                # Its own lease: sent again; arrived late if its release cut it.
+                return live.token == token and not live.released
             lease_seconds = min(ttl, max_lifetime).total_seconds()
             self._leases[key] = _Lease(token=token, acquired=now, expires=now + lease_seconds)
             return True

@@ -10,6 +10,8 @@ cases send the same call twice, which is what the storage sees then.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django_tasklock.api.service import new_token
 from django_tasklock.backends.base import BaseBackend, Released, lease_id
 from django_tasklock.testing.support import LIFE, LONG
@@ -32,6 +34,19 @@ class ResendCases:
         assert held.lease == lease_id(token)
         assert backend.release(key, token)
         assert backend.peek(key) is None
+
+    def test_acquire_arriving_after_its_min_hold_release_is_not_acquired(
+        self, backend: BaseBackend, key: str
+    ) -> None:
+        """Late: its lease was cut to end at ``min_hold`` by its release; it is not the token's."""
+        token = new_token()
+        assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        assert backend.release(key, token, min_hold=timedelta(seconds=20))
+        assert not backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE), (
+            "a late acquisition was told it holds a lease its release ended"
+        )
+        assert not backend.refresh(key, token, ttl=LONG, max_lifetime=LIFE)
+        assert backend.peek(key) is not None  # still held until min_hold, by nobody's work
 
     def test_refresh_sent_again_answers_the_same(self, backend: BaseBackend, key: str) -> None:
         token = new_token()
