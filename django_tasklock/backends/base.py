@@ -66,6 +66,25 @@ def permit_key(key: str, slot: int) -> str:
     return f"{key}{PERMIT_SEPARATOR}{slot}"
 
 
+def longest_limited_key(limit: int) -> int:
+    """How many characters a key may have with ``limit``: its permits' names must fit too.
+
+    A stored key is at most 255 characters (the column), so a caller's key at
+    most 245; a permit's name adds the separator and the slot's digits.
+    """
+    return 255 - len(KEY_PREFIX) - len(PERMIT_SEPARATOR) - len(str(limit - 1))
+
+
+def check_limited_key(key: str, limit: int) -> None:
+    """``ValueError`` naming ``key`` when its permits' names would not fit the storage."""
+    longest = longest_limited_key(limit)
+    if len(key) > longest:
+        raise ValueError(
+            f"key must be at most {longest} characters with limit={limit} "
+            f"(its permits' names must fit), got {len(key)}"
+        )
+
+
 def limited_key(key: str) -> tuple[str, int | None]:
     """The caller's key and the permit's number, of a name :func:`permit_key` gave.
 
@@ -211,7 +230,9 @@ class BaseBackend(abc.ABC):
         nothing, when the key is held live with another limit: by permits
         taken with another ``limit``, or by a mutex's lease (limit 1). And
         :meth:`acquire` of a key whose permits are held live raises it too.
-        Backends without the capability ``permits`` leave this method as is.
+        A key longer than :func:`longest_limited_key` is a ``ValueError``
+        (:func:`check_limited_key`), before anything is written. Backends
+        without the capability ``permits`` leave this method as is.
         """
         raise NotImplementedError(f"{type(self).__name__} does not give permits (limit=N)")
 

@@ -16,6 +16,7 @@ from django_tasklock.backends.base import (
     Capabilities,
     HeldLock,
     Holder,
+    check_limited_key,
     lease_id,
     limited_key,
     permit_key,
@@ -95,6 +96,7 @@ class MemoryBackend(BaseBackend):
         self, key: str, token: str, *, limit: int, ttl: timedelta, max_lifetime: timedelta
     ) -> str | None:
         """The first of ``key``'s ``limit`` permits that is free (or whose holder is gone)."""
+        check_limited_key(key, limit)
         with self._lock:
             now = self._clock()
             mutex = self._live(key, now)

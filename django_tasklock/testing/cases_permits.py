@@ -18,7 +18,12 @@ from datetime import timedelta
 
 import pytest
 
-from django_tasklock.backends.base import BaseBackend, limited_key, permit_key
+from django_tasklock.backends.base import (
+    BaseBackend,
+    limited_key,
+    longest_limited_key,
+    permit_key,
+)
 from django_tasklock.exceptions import LimitMismatch
 from django_tasklock.leases.lease import new_token
 from django_tasklock.testing.support import (
@@ -76,6 +81,26 @@ class PermitCases:
         assert take(backend, key, new_token(), 3) is None
         for name, token in ((taken[0], tokens[0]), (taken[1], tokens[3]), (taken[2], tokens[2])):
             assert backend.release(name, token)
+
+    def test_the_longest_key_a_limit_allows_works_and_a_longer_one_is_refused(
+        self, permits_backend: BaseBackend, key: str
+    ) -> None:
+        """A permit's name (key, separator, slot) must fit where a stored key fits."""
+        backend = permits_backend
+        for limit in (2, 11):
+            longest = longest_limited_key(limit)
+            long_key = (key * 30)[:longest]
+            tokens = [new_token() for _ in range(limit)]
+            names = [take(backend, long_key, token, limit) for token in tokens]
+            assert None not in names
+            for name, token in zip(names, tokens, strict=True):
+                assert name is not None
+                held = backend.peek(name)
+                assert held is not None
+                assert held.key == name  # whole: not cut by the storage
+                assert backend.release(name, token)
+            with pytest.raises(ValueError, match="key must be at most"):
+                take(backend, long_key + "x", new_token(), limit)
 
     def test_a_permit_sent_again_is_the_same_permit(
         self, permits_backend: BaseBackend, key: str

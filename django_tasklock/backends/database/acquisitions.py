@@ -27,6 +27,7 @@ from django_tasklock.backends.database.connections import (
 from django_tasklock.backends.database.functions import Compiled, UtcNow
 from django_tasklock.backends.database.permits import anchor_limit, settle_anchor
 from django_tasklock.backends.database.statements import HolderLook
+from django_tasklock.exceptions import LimitMismatch
 from django_tasklock.processes import holder_gone
 
 if TYPE_CHECKING:
@@ -75,7 +76,10 @@ def insert_lease(
             if anchor_limit(holder) is not None:
                 # A limited key's anchor: refused while a permit of it lives,
                 # else the anchor is deleted and the INSERT sent again.
-                settle_anchor(model, alias, stored, holder)
+                try:
+                    settle_anchor(model, alias, stored, holder)
+                except LimitMismatch as refused:
+                    raise refused from None  # not a consequence of the INSERT's conflict
                 continue
             if live and holder == token:
                 return "ours"  # our own row: this INSERT sent again after its reply was lost

@@ -36,6 +36,7 @@ from django_tasklock.backends.base import (
     HeldLock,
     Refresh,
     Released,
+    check_limited_key,
     storage_key,
 )
 from django_tasklock.backends.database import rows as db_rows
@@ -141,6 +142,7 @@ class DatabaseBackend(BaseBackend):
         See ``permits``: the anchor row ``task-lock:<key>`` keeps the limit,
         and makes a mutex and a limited key of one name refuse each other.
         """
+        check_limited_key(key, limit)
         with alias_for_writing(self.using) as alias:
             try:
                 name, inserted = take_permit(
