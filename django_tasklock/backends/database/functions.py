@@ -95,14 +95,18 @@ def aware_utc(value: datetime) -> datetime:
 
 
 def in_namespace() -> Q:
-    """Keys that start with ``task-lock:``, compared byte for byte.
+    """Keys that start with ``task-lock:``, compared byte for byte."""
+    return key_starts_with(KEY_PREFIX)
+
+
+def key_starts_with(prefix: str) -> Q:
+    """Keys that start with ``prefix``, compared byte for byte.
 
     ``startswith`` lets PostgreSQL and MySQL use the key's index; the exact
-    comparison of the first characters rejects ``Task-Lock:…`` on SQLite.
+    comparison of the first characters rejects ``Task-Lock:…`` on SQLite,
+    whose ``LIKE`` folds ASCII case.
     """
-    return Q(key__startswith=KEY_PREFIX) & Q(
-        Exact(Left("key", len(KEY_PREFIX)), Value(KEY_PREFIX))
-    )
+    return Q(key__startswith=prefix) & Q(Exact(Left("key", len(prefix)), Value(prefix)))
 
 
 class Compiled(Expression):

@@ -50,9 +50,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, transaction
-from django.db.models import BooleanField, ExpressionWrapper, F, Q, Value
-from django.db.models.functions import Greatest, Left
-from django.db.models.lookups import Exact
+from django.db.models import BooleanField, ExpressionWrapper, F, Q
+from django.db.models.functions import Greatest
 
 from django_tasklock.backends.base import (
     PERMIT_SEPARATOR,
@@ -64,7 +63,7 @@ from django_tasklock.backends.base import (
     storage_key,
 )
 from django_tasklock.backends.database.connections import is_key_conflict
-from django_tasklock.backends.database.functions import UtcNow
+from django_tasklock.backends.database.functions import UtcNow, key_starts_with
 from django_tasklock.backends.database.releases import released
 from django_tasklock.exceptions import LimitMismatch
 from django_tasklock.processes import holder_gone
@@ -104,16 +103,10 @@ def is_anchor() -> Q:
     return Q(value__startswith=PERMIT_SEPARATOR)
 
 
-def _starts_with(prefix: str) -> Q:
-    # startswith for the index where there is one; the exact comparison of the
-    # first characters for SQLite, whose LIKE folds ASCII case.
-    return Q(key__startswith=prefix) & Q(Exact(Left("key", len(prefix)), Value(prefix)))
-
-
 def _rows_of(model: type[CacheEntry], alias: str, stored: str) -> QuerySet[CacheEntry]:
     """The anchor (or mutex) row of ``stored`` and its permits' rows."""
     return model.objects.using(alias).filter(
-        Q(key=stored) | _starts_with(stored + PERMIT_SEPARATOR)
+        Q(key=stored) | key_starts_with(stored + PERMIT_SEPARATOR)
     )
 
 
