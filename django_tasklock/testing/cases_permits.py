@@ -20,6 +20,7 @@ import pytest
 
 from django_tasklock.backends.base import (
     BaseBackend,
+    Refresh,
     limited_key,
     longest_limited_key,
     permit_key,
@@ -149,6 +150,38 @@ class PermitCases:
         assert backend.peek(second) is not None  # the other permit is untouched
         assert backend.refresh(second, b, ttl=LONG, max_lifetime=LIFE)
         assert backend.release(second, b)
+
+    def test_permits_and_leases_refreshed_together_are_each_answered_for_itself(
+        self, permits_backend: BaseBackend, key: str
+    ) -> None:
+        """The heartbeat's ``refresh_many`` with permits among leases: each bound to its own."""
+        backend = permits_backend
+        a, b, mutex = new_token(), new_token(), new_token()
+        first = take(backend, key, a, 2)
+        second = take(backend, key, b, 2)
+        assert first is not None
+        assert second is not None
+        assert backend.acquire(f"{key}-m", mutex, ttl=LONG, max_lifetime=LIFE)
+        short = timedelta(seconds=0.3)
+        items = [
+            Refresh(first, a, LONG, LIFE),
+            Refresh(f"{key}-m", mutex, LONG, LIFE),
+            Refresh(second, a, LONG, LIFE),  # b's permit: not a's to refresh
+            Refresh(second, b, short, LIFE),
+            Refresh(key, a, LONG, LIFE),  # the limited key's name is no lease
+        ]
+        assert backend.refresh_many(items) == [True, True, False, True, False]
+        # Each permit's end is its own: the one refreshed to 0.3 s runs out alone.
+        wait_until(lambda: backend.peek(second) is None, timeout=30, step=0.05)
+        assert backend.peek(first) is not None
+        assert backend.refresh_many(
+            [Refresh(first, a, LONG, LIFE), Refresh(second, b, LONG, LIFE)]
+        ) == [
+            True,
+            False,
+        ]  # an expired permit is never revived
+        assert backend.release(first, a)
+        assert backend.release(f"{key}-m", mutex)
 
     def test_an_expired_permit_is_taken_over(self, permits_backend: BaseBackend, key: str) -> None:
         backend = permits_backend

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import redis
@@ -82,7 +83,10 @@ def test_a_foreign_hash_at_our_key_is_held_or_taken_over_never_a_stuck_heartbeat
         assert key in [lock.key for lock in backend.list()]
         assert not backend.refresh(key, new_token(), ttl=ttl, max_lifetime=life)
         assert not backend.release(key, new_token())
+        terms: dict[str, Any] = {"limit": 2, "ttl": ttl, "max_lifetime": life}
+        assert backend.acquire_permit(key, new_token(), **terms) is None  # not our permits
         assert client.type(stored) == b"hash"
+        assert client.hgetall(stored) == {b"field": b"value"}
         # Without a TTL it could never expire: it is abandoned, and taken over.
         client.persist(stored)
         token = new_token()

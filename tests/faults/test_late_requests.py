@@ -151,6 +151,52 @@ def test_a_refresh_arriving_after_a_min_hold_release_never_extends_the_lease(
         forget(direct._conn(), key, token)
 
 
+# -- 7. permits (limit=N): the same, per permit ------------------------------------
+
+
+def test_a_permit_asked_for_arriving_after_its_release_writes_nothing(
+    proxy: FaultProxy, late: RedisBackend, direct: RedisBackend, key: str
+) -> None:
+    token = new_token()
+    terms: dict[str, Any] = {"limit": 2, "ttl": LONG, "max_lifetime": LIFE}
+    try:
+        let_go = held_back(proxy, late, "permit", key)
+        name = late.acquire_permit(key, token, **terms)  # the re-send is answered
+        assert name is not None
+        assert late.release(name, token)
+        arrives_late(proxy, let_go)
+        held = [lock for lock in direct.list() if lock.key.startswith(key)]
+        assert held == [], f"the late request wrote a permit nobody holds: {held}"
+        others = [new_token(), new_token()]
+        assert None not in [direct.acquire_permit(key, t, **terms) for t in others]
+    finally:
+        forget(direct._conn(), key, token)
+
+
+@pytest.mark.parametrize("script", ["refresh", "refresh_permits"])
+def test_a_permits_refresh_arriving_after_a_min_hold_release_never_extends_it(
+    proxy: FaultProxy, late: RedisBackend, direct: RedisBackend, key: str, script: str
+) -> None:
+    token = new_token()
+    try:
+        name = direct.acquire_permit(key, token, limit=2, ttl=LONG, max_lifetime=LIFE)
+        assert name is not None
+        let_go = held_back(proxy, late, script, key)
+        if script == "refresh":
+            assert late.refresh(name, token, ttl=LONG, max_lifetime=LIFE)
+        else:
+            assert late.refresh_many([Refresh(name, token, LONG, LIFE)]) == [True]
+        assert late.release(name, token, min_hold=MIN_HOLD)
+        arrives_late(proxy, let_go)
+        held = direct.peek(name)
+        assert held is not None, "the cut permit ended before acquisition + min_hold"
+        assert held.seconds_left <= MIN_HOLD.total_seconds(), (
+            f"a late refresh extended a released permit: {held.seconds_left:.1f} s left"
+        )
+    finally:
+        forget(direct._conn(), key, token)
+
+
 # -- the same on Redis Cluster: the late copy sent again by hand ------------------
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from django_tasklock.backends.base import (
     KEY_PREFIX,
+    PERMIT_SEPARATOR,
     STALE_AFTER,
     BaseBackend,
     Capabilities,
@@ -33,12 +34,15 @@ from django_tasklock.backends.base import (
     Refresh,
     Released,
     caller_key,
+    check_limited_key,
     lease_id,
+    limited_key,
+    permit_key,
     storage_key,
 )
 from django_tasklock.backends.forksafe import ForkSafeLock
 from django_tasklock.backends.listening import Watch
-from django_tasklock.backends.redis.calls import RefreshBatch, Scripts, answers_of, ms
+from django_tasklock.backends.redis.calls import Call, RefreshBatch, Scripts, answers_of, ms
 from django_tasklock.backends.redis.checks import (
     check_redis,
     eviction_warnings,
@@ -55,12 +59,13 @@ from django_tasklock.backends.redis.replicas import (
     send_and_wait,
     unconfirmed,
 )
-from django_tasklock.backends.redis.replies import held_lock, text
-from django_tasklock.backends.redis.scripts import fence_key, tombstone_key
+from django_tasklock.backends.redis.replies import held_lock, permits_held, text
+from django_tasklock.backends.redis.scripts import fence_key, held_at, tombstone_key
 from django_tasklock.backends.redis.signals import RedisListener
 from django_tasklock.backends.redis.slots import tag_for
 from django_tasklock.backends.redis.urls import RedisURLError, parse_url
 from django_tasklock.durations import Duration
+from django_tasklock.exceptions import LimitMismatch
 from django_tasklock.processes import holder_gone, this_machine
 
 if TYPE_CHECKING:
@@ -94,7 +99,7 @@ class RedisBackend(BaseBackend):
     (``TASKLOCK_REDIS_REPLICA_TIMEOUT``, 1 s); fewer is ``ReplicationNotConfirmed``.
     """
 
-    capabilities = Capabilities(dead_holders=True)
+    capabilities = Capabilities(dead_holders=True, permits=True)
 
     def __init__(
         self,
@@ -209,17 +214,21 @@ class RedisBackend(BaseBackend):
         return self._calls().run(name, [key], args)
 
     def _grant(self, name: str, key: str, token: str, keys: list[str], args: list[Any]) -> Any:
-        """Run a script that grants (``acquire``, ``fence``); ``WAIT`` after it if asked to.
+        """Run a script that grants (``acquire``, ``permit``, ``fence``); ``WAIT`` after it
+        if asked to.
 
-        A refusal that names the holder (``acquire``: a token) grants nothing.
+        Only a positive integer is a grant (no fence is 0; ``permit`` answers
+        its number + 1): a refusal that names holders (a token, a list) or a
+        limit grants nothing.
         """
         scripts = self._calls()
         if self._ack is None:
             return scripts.run(name, keys, args)
         reply, acked = send_and_wait(scripts, name, keys, args, self._ack)
-        granted = reply and not isinstance(reply, (bytes, str))  # no fence is 0
+        granted = isinstance(reply, int) and reply > 0
         if granted and acked < self._ack.count:  # granted, too few replicas
-            raise unconfirmed(lambda: self.release(key, token), key, self._ack, acked)
+            held = permit_key(key, reply - 1) if name == "permit" else key
+            raise unconfirmed(lambda: self.release(held, token), held, self._ack, acked)
         return reply
 
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
@@ -262,6 +271,8 @@ class RedisBackend(BaseBackend):
                 reply = self._calls().run("acquire", keys, args)
             else:
                 reply = self._grant("acquire", key, token, keys, args)
+            if isinstance(reply, list):  # ["limit", N]: permits hold the key
+                raise LimitMismatch(key, held=int(reply[1]), asked=1)
             if not isinstance(reply, (bytes, str)):
                 return bool(reply)
             # Held by a process of this machine: taken over if it is gone.
@@ -271,12 +282,69 @@ class RedisBackend(BaseBackend):
             args = [*args[:4], held]
         return False  # the key changed hands to dead holders at every attempt
 
+    def acquire_permit(
+        self, key: str, token: str, *, limit: int, ttl: timedelta, max_lifetime: timedelta
+    ) -> str | None:
+        """One script (``permit``): the key's hash of permits, by the server's clock.
+
+        Permit ``n`` of ``key`` is field ``n`` of the hash ``task-lock:<key>``
+        (its value the token, acquisition and end in milliseconds), so that all
+        of a key's permits are one key, in one Cluster slot. A late request
+        (its token's tombstone is there) writes nothing; one sent again finds
+        its permit. When all are held and some by tokens of this machine, each
+        is looked for, and the permit of one found gone is taken over, as
+        :meth:`acquire` does.
+        """
+        check_limited_key(key, limit)
+        machine = this_machine()
+        args = [
+            token,
+            _ms(min(ttl, max_lifetime)),
+            limit,
+            _STALE_ARG,
+            "" if machine is None else f"/{machine}.",
+            "",
+        ]
+        keys = [storage_key(key), tombstone_key(key, token)]
+        try:
+            return self._take_permit(key, token, limit, keys, args)
+        except Exception as exc:
+            # A slot half migrated: the tombstone read alone, as ``acquire`` does.
+            if not self._calls().cluster or not half_migrated(exc):
+                raise
+            if text(self._calls().client.get(keys[1]) or b"") == token:
+                return None
+            return self._take_permit(key, token, limit, keys[:1], args)
+
+    def _take_permit(
+        self, key: str, token: str, limit: int, keys: list[str], args: list[Any]
+    ) -> str | None:
+        for _ in range(_TAKEOVER_ATTEMPTS):
+            if self._ack is None:
+                reply = self._calls().run("permit", keys, args)
+            else:
+                reply = self._grant("permit", key, token, keys, args)
+            if isinstance(reply, int):
+                return permit_key(key, reply - 1)
+            if not reply:
+                return None
+            kind, *rest = (text(part) if isinstance(part, bytes) else part for part in reply)
+            if kind == "limit":
+                raise LimitMismatch(key, held=int(rest[0]), asked=limit)
+            # All held, some by processes of this machine: one taken over if gone.
+            gone = next((t for t in rest if holder_gone(Holder.from_token(t)) is True), None)
+            if gone is None:
+                return None
+            args = [*args[:5], gone]
+        return None  # the permits changed hands to dead holders at every attempt
+
     def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         """Set the TTL to ``min(ttl, acquired + max_lifetime - now)``; untouched if that is <= 0.
 
         A lease that expired is gone from Redis, so it is reported lost, never revived.
         """
-        return bool(self._run("refresh", storage_key(key), token, _ms(ttl), _ms(max_lifetime)))
+        stored, slot = _lease_of(key)
+        return bool(self._run("refresh", stored, token, _ms(ttl), _ms(max_lifetime), *slot))
 
     def refresh_many(self, items: Sequence[Refresh]) -> list[bool]:
         """One EVALSHA per chunk of 500 leases, each judged as :meth:`refresh` would.
@@ -296,8 +364,9 @@ class RedisBackend(BaseBackend):
         per_slot = scripts.per_slot
         batch = self._batch
         if batch is None or batch.items is not items or batch.per_slot is not per_slot:
-            stored = [storage_key(item.key) for item in items]
-            batch = self._batch = RefreshBatch(items, stored, per_slot)
+            stored = [held_at(item.key) for item in items]
+            permits = [_permit_of(item.key) for item in items]
+            batch = self._batch = RefreshBatch(items, stored, per_slot, permits)
         failed: dict[int, Exception] = {}
         try:
             replies = scripts.run_batch(batch, failed)
@@ -346,9 +415,9 @@ class RedisBackend(BaseBackend):
         lost with a restart, ``FLUSHDB`` or a failover starts again above
         every fence handed out before (unless that clock went back).
         """
-        reply = self._grant(
-            "fence", key, token, [storage_key(key), fence_key(key)], [token, _STALE_MS]
-        )
+        stored, slot = _lease_of(key)
+        keys, args = [stored, fence_key(key)], [token, _STALE_MS, *slot]
+        reply = self._grant("fence", key, token, keys, args)
         return None if reply is None else int(reply)
 
     def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
@@ -357,12 +426,12 @@ class RedisBackend(BaseBackend):
         The lease seen is returned even if ``evict`` found it gone (a retry
         of a command whose reply was lost finds nothing; the first ended it).
         """
-        stored = storage_key(key)
-        reply = self._run("inspect", stored, _STALE_MS)
+        stored, slot = _lease_of(key)
+        reply = self._run("inspect", stored, _STALE_MS, *slot)
         found = held_lock(key, reply)
         if found is None or (lease is not None and found.lease != lease):
             return None
-        self._run("evict", stored, text(reply[0]))
+        self._run("evict", stored, text(reply[0]), *slot)
         return found
 
     def _run_all(self, name: str, *args: Any) -> list[tuple[str, Any]]:
@@ -384,17 +453,31 @@ class RedisBackend(BaseBackend):
 
     def peek(self, key: str) -> HeldLock | None:
         """The holding lease; a value not written here shows holder ``?`` (see :meth:`list`)."""
-        return held_lock(key, self._run("inspect", storage_key(key), _STALE_MS))
+        stored, slot = _lease_of(key)
+        return held_lock(key, self._run("inspect", stored, _STALE_MS, *slot))
 
     def list(self) -> list[HeldLock]:
         """Every held key in the namespace (found with ``SCAN``), ordered by key.
 
         A value in the namespace that this backend did not write still blocks
         acquisition until it expires, so it is listed (holder ``?`` unless it
-        looks like a bare token) with ``acquired_at`` the time of reading.
+        looks like a bare token) with ``acquired_at`` the time of reading. A
+        limited key's live permits are listed each by its name
+        (``permit_key``); one more script per limited key.
         """
-        held = (held_lock(key, reply) for key, reply in self._run_all("inspect", _STALE_MS))
-        return sorted((lock for lock in held if lock is not None), key=lambda lock: lock.key)
+        held: list[HeldLock] = []
+        limited: list[str] = []
+        for key, reply in self._run_all("inspect", _STALE_MS):
+            found = held_lock(key, reply)
+            if found is not None:
+                held.append(found)
+            elif reply is None:
+                limited.append(key)  # free, or a limited key's hash: looked at below
+        scripts = self._calls()
+        calls: list[Call] = [("permits", [storage_key(key)], []) for key in limited]
+        for key, reply in zip(limited, scripts.run_many(calls), strict=True):
+            held += permits_held(key, reply)
+        return sorted(held, key=lambda lock: lock.key)
 
     def reap_dead_holders(self) -> Sequence[HeldLock]:
         """A ``SCAN`` of the namespace, a script per key found; ``reap`` each holder gone.
@@ -407,17 +490,23 @@ class RedisBackend(BaseBackend):
         machine = this_machine()
         if machine is None:
             return []
-        ended = []
+        found: list[tuple[str, str]] = []  # (a lease's name, its token)
         for key, reply in self._run_all("of_machine", f"/{machine}.", _STALE_MS):
-            if reply is None:
-                continue
-            token = text(reply)
+            if isinstance(reply, list):  # a limited key's permits: number, token...
+                parts = [text(part) for part in reply]
+                pairs = zip(parts[::2], parts[1::2], strict=True)
+                found += [(permit_key(key, int(n)), token) for n, token in pairs]
+            elif reply is not None:
+                found.append((key, text(reply)))
+        ended = []
+        for name, token in found:
             holder = Holder.from_token(token)
             if holder.machine != machine or holder_gone(holder) is not True:
                 continue
-            seen = held_lock(key, self._run("inspect", storage_key(key), _STALE_MS))
+            stored, slot = _lease_of(name)
+            seen = held_lock(name, self._run("inspect", stored, _STALE_MS, *slot))
             ours = seen is not None and seen.lease == lease_id(token)
-            if ours and self._run("reap", storage_key(key), token):
+            if ours and self._run("reap", stored, token, *slot):
                 assert seen is not None
                 ended.append(seen)
         return ended
@@ -431,3 +520,16 @@ class RedisBackend(BaseBackend):
         """
         flag = "0" if dry_run else "1"
         return sum(int(reply) for _, reply in self._run_all("clear", _STALE_MS, flag))
+
+
+def _lease_of(name: str) -> tuple[str, tuple[str, ...]]:
+    """The stored key of a lease's name, and the scripts' argument naming a permit in it."""
+    if PERMIT_SEPARATOR not in name:
+        return storage_key(name), ()
+    key, slot = limited_key(name)
+    return storage_key(key), (str(slot),)
+
+
+def _permit_of(name: str) -> str | None:
+    """The number of the permit ``name`` names, as the scripts take it; None for a lease."""
+    return None if PERMIT_SEPARATOR not in name else name.rpartition(PERMIT_SEPARATOR)[2]

@@ -26,6 +26,8 @@ from django_tasklock.backends.redis.scripts import PRELUDE, SCRIPTS
 Call = tuple[str, Sequence[Any], Sequence[Any]]
 #: Most leases one ``refresh_many`` script carries.
 REFRESH_CHUNK = 500
+#: The scripts of a heartbeat's batch: leases', and permits' (see ``scripts``).
+_REFRESHES = ("refresh_many", "refresh_permits")
 
 
 class Scripts:
@@ -148,8 +150,9 @@ class Scripts:
                 isinstance(exc, TryAgainError) or type(exc) is ClusterError
             ):
                 raise
-            _, keys, args = call
-            return [self.run("refresh", [k], args[3 * i : 3 * i + 3]) for i, k in enumerate(keys)]
+            name, keys, args = call
+            n = 4 if name == "refresh_permits" else 3  # arguments per key: "refresh"'s
+            return [self.run("refresh", [k], args[n * i : n * i + n]) for i, k in enumerate(keys)]
 
     def run_many(
         self,
@@ -229,7 +232,7 @@ class Scripts:
             call = calls[index]
             try:
                 replies[index] = (
-                    self.run_refreshes(call) if call[0] == "refresh_many" else self.run(*call)
+                    self.run_refreshes(call) if call[0] in _REFRESHES else self.run(*call)
                 )
             except RedisError as error:
                 unreachable = isinstance(error, (ConnectionError, TimeoutError))
@@ -249,17 +252,31 @@ class RefreshBatch:
     encoded again. ``per_slot``: each chunk in one hash slot (see ``slots``).
     """
 
-    def __init__(self, items: Sequence[Any], stored: Sequence[str], per_slot: bool) -> None:
-        from django_tasklock.backends.redis.slots import chunked
-
+    def __init__(
+        self,
+        items: Sequence[Any],
+        stored: Sequence[str],
+        per_slot: bool,
+        permits: Sequence[str | None] = (),
+    ) -> None:
+        """``permits``: per item, its permit's number (``refresh_permits``), or None."""
         self.items = items
         self.per_slot = per_slot
         #: Indexes of ``items``, one list per call.
-        self.chunks = chunked(stored, REFRESH_CHUNK, per_slot=per_slot)
+        self.chunks = _chunks(stored, per_slot) if not any(permits) else []
+        if not self.chunks:  # a call is of leases or of permits, never both
+            leases = [i for i, slot in enumerate(permits) if slot is None]
+            limited = [i for i, slot in enumerate(permits) if slot is not None]
+            self.chunks = [
+                [indexes[i] for i in chunk]
+                for indexes in (leases, limited)
+                for chunk in _chunks([stored[i] for i in indexes], per_slot)
+            ]
         known: dict[timedelta, int] = {}  # each ttl's and cap's: most leases share one
         self.calls: list[Call] = []
         for chunk in self.chunks:
             args: list[Any] = []
+            limited_call = bool(permits) and permits[chunk[0]] is not None
             for index in chunk:
                 item = items[index]
                 ttl = known.get(item.ttl) or known.setdefault(item.ttl, ms(item.ttl))
@@ -267,9 +284,18 @@ class RefreshBatch:
                     item.max_lifetime, ms(item.max_lifetime)
                 )
                 args += (item.token, ttl, cap)
-            self.calls.append(("refresh_many", [stored[index] for index in chunk], args))
+                if limited_call:
+                    args.append(permits[index])
+            name = "refresh_permits" if limited_call else "refresh_many"
+            self.calls.append((name, [stored[index] for index in chunk], args))
         #: The calls packed for the lean path, made on first use (see :meth:`Scripts.run_batch`).
         self.packed: list[bytes] | None = None
+
+
+def _chunks(stored: Sequence[str], per_slot: bool) -> list[list[int]]:
+    from django_tasklock.backends.redis.slots import chunked
+
+    return chunked(stored, REFRESH_CHUNK, per_slot=per_slot)
 
 
 def answers_of(reply: Any) -> list[bool]:

@@ -22,19 +22,21 @@ taken the key since), so that is no loss.
 
 from __future__ import annotations
 
-from django_tasklock.backends.base import Released, storage_key
+from django_tasklock.backends.base import PERMIT_SEPARATOR, Released
 from django_tasklock.backends.redis.calls import Scripts
 from django_tasklock.backends.redis.replies import text
-from django_tasklock.backends.redis.scripts import tombstone_key
+from django_tasklock.backends.redis.scripts import held_at, tombstone_key
 
 _OUTCOMES = {1: Released.RELEASED, 2: Released.GONE}
 
 
 def release_lease(scripts: Scripts, key: str, token: str, hold_ms: int) -> Released:
     """Release ``token``'s lease of ``key`` (``hold_ms`` > 0: end it at acquisition + that)."""
-    stored, tombstone = storage_key(key), tombstone_key(key, token)
+    stored, tombstone = held_at(key), tombstone_key(key, token)
+    permit = (key.rpartition(PERMIT_SEPARATOR)[2],) if PERMIT_SEPARATOR in key else ()
     try:
-        reply = scripts.run("release", [stored, tombstone], [token, hold_ms, scripts.tombstone_ms])
+        args = [token, hold_ms, scripts.tombstone_ms, *permit]
+        reply = scripts.run("release", [stored, tombstone], args)
     except Exception as exc:
         # redis-py gives up on a TRYAGAIN that lasts with "TTL exhausted" (a bare
         # ClusterError; it says the same after too many MOVED or ASK redirects,
@@ -43,7 +45,7 @@ def release_lease(scripts: Scripts, key: str, token: str, hold_ms: int) -> Relea
         # leaves its tombstone.
         if not scripts.cluster or not half_migrated(exc):
             raise
-        reply = scripts.run("release_alone", [stored], [token, hold_ms])
+        reply = scripts.run("release_alone", [stored], [token, hold_ms, *permit])
         if int(reply) in (0, 3) and text(scripts.client.get(tombstone) or b"") == token:
             reply = 2
     return _OUTCOMES.get(int(reply), Released.LOST)

@@ -5,7 +5,14 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from django_tasklock.backends.base import STALE_AFTER, UNKNOWN_HOLDER, HeldLock, Holder, lease_id
+from django_tasklock.backends.base import (
+    STALE_AFTER,
+    UNKNOWN_HOLDER,
+    HeldLock,
+    Holder,
+    lease_id,
+    permit_key,
+)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _STALE_MS = int(STALE_AFTER / timedelta(milliseconds=1))
@@ -35,3 +42,17 @@ def held_lock(key: str, reply: Any) -> HeldLock | None:
         seconds_left=pttl / 1000,
         lease=lease_id(token),
     )
+
+
+def permits_held(key: str, reply: Any) -> list[HeldLock]:
+    """The live permits of the limited key ``key`` that the ``permits`` script read."""
+    if not reply:
+        return []
+    now, *rest = reply
+    held = []
+    fields = (rest[0::4], rest[1::4], rest[2::4], rest[3::4])
+    for n, token, acquired, left in zip(*fields, strict=True):
+        found = held_lock(permit_key(key, int(n)), [token, acquired, left, now])
+        if found is not None:
+            held.append(found)
+    return held
