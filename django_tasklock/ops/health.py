@@ -28,8 +28,13 @@ What one process can see, and so what is judged here:
   the next acquisition there takes it over, and a heartbeat there reaps it;
   seen from here, nothing of that machine has yet.
 
+A permit of a ``limit=N`` key is a lease of its own, judged by the entry
+its key (the caller's, not the permit's stored name) matches; each finding
+names the permit (``permit``). :func:`merged` makes one finding of those of
+one kind about a key's permits, for reports that count keys.
+
 ``manage.py check --deploy`` (``checks.check_lock_health``) and the
-django-health-check plugin (``contrib.health_check``) report these.
+django-health-check plugin (``contrib.health_check``, merged) report these.
 """
 
 from __future__ import annotations
@@ -318,10 +323,10 @@ def merged(found: list[Finding]) -> list[Finding]:
     which. Findings of a process gone stay one per permit (each names its
     holder), and so do a mutex's. In the order of the first finding of each.
     """
-    groups: dict[tuple[str, str | None, str | None], list[Finding]] = {}
-    for finding in found:
+    groups: dict[tuple[str, str | None, str | None] | int, list[Finding]] = {}
+    for index, finding in enumerate(found):
         if finding.permit is None or finding.kind == HOLDER_GONE:
-            groups[(finding.kind, None, str(id(finding)))] = [finding]
+            groups[index] = [finding]  # a group of its own
         else:
             groups.setdefault((finding.kind, finding.key, finding.pattern), []).append(finding)
     result = []

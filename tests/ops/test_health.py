@@ -366,3 +366,27 @@ def test_permits_are_judged_by_their_keys_entry_each_named(
         f"'{key}-mutex'",
     ]
     assert not any("\x1f" in m or "\\x1f" in m for m in messages)
+
+
+def test_merged_keeps_each_holder_gone_and_each_mutex_apart() -> None:
+    def finding(kind: str, key: str, permit: int | None, seconds: float) -> health.Finding:
+        return health.Finding(kind, seconds, 60.0, key, "k*", permit=permit, holder="h:1")
+
+    found = [
+        finding(health.HELD_TOO_LONG, "k1", 2, 100.0),
+        finding(health.HOLDER_GONE, "k1", 0, 90.0),
+        finding(health.HELD_TOO_LONG, "k2", None, 80.0),
+        finding(health.HELD_TOO_LONG, "k1", 0, 300.0),
+        finding(health.HOLDER_GONE, "k1", 1, 70.0),
+        finding(health.REFRESH_OVERDUE, "k1", 1, 200.0),
+        finding(health.HELD_TOO_LONG, "k2", None, 80.0),
+    ]
+
+    assert [(f.kind, f.key, f.permit, f.permits, f.seconds) for f in health.merged(found)] == [
+        (health.HELD_TOO_LONG, "k1", None, (0, 2), 300.0),  # the longest held of both
+        (health.HOLDER_GONE, "k1", 0, (), 90.0),
+        (health.HELD_TOO_LONG, "k2", None, (), 80.0),
+        (health.HOLDER_GONE, "k1", 1, (), 70.0),
+        (health.REFRESH_OVERDUE, "k1", 1, (), 200.0),  # alone of its kind: as found
+        (health.HELD_TOO_LONG, "k2", None, (), 80.0),
+    ]
