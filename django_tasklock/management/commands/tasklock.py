@@ -114,7 +114,7 @@ class Command(BaseCommand):
             "--permit",
             type=_permit,
             metavar="N",
-            help="of a key held as permits (limit=N), permit N (list shows their numbers)",
+            help="only permit N of KEY, a key held as permits (list shows their numbers)",
         )
         release.add_argument(
             "--noinput",
