@@ -17,6 +17,14 @@ Who may do what:
   written to the admin's log (``LogEntry``, action "deletion", content type
   ``CacheEntry``, ``object_repr`` the caller's key, ``object_id`` the stored
   key), so it appears in "Recent actions".
+
+A ``limit=N`` key held by permits is one entry of the list, saying how many
+permits are held, with a row for each permit by its number (as stored, from
+0; the limit is not known here). A permit is named by its key and its number
+(``?key=&permit=``), never by its stored name: the key is validated as any
+key, which refuses the separator the stored name holds. Its release is logged
+with ``object_repr`` ``"<key> (permit <n>)"`` and ``object_id`` the permit's
+stored key.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.text import capfirst
 
 from django_tasklock.api.service import TaskLockService
-from django_tasklock.backends.base import HeldLock, storage_key
+from django_tasklock.backends.base import HeldLock, permit_key, storage_key
 from django_tasklock.locking.options import validate_key
 from django_tasklock.models import CacheEntry
 from django_tasklock.ops import display
@@ -50,7 +58,8 @@ BREADCRUMBS_AS_LIST = django.VERSION >= (6, 1)
 
 def _row(lock: HeldLock) -> dict[str, Any]:
     return {
-        "key": lock.key,
+        "key": display.key(lock),
+        "permit": display.permit(lock),
         "host": lock.holder.host,
         "pid": lock.holder.pid,
         "gone": display.gone(lock),
@@ -62,6 +71,33 @@ def _row(lock: HeldLock) -> dict[str, Any]:
         "fence": display.fence(lock),
         "lease": lock.lease,
     }
+
+
+def _group(held: display.Held) -> dict[str, Any]:
+    """One key of the list: its rows, and (held as permits) how many are held."""
+    return {
+        "key": held.key,
+        "limited": held.limited,
+        "permits_held": display.permits_held(len(held.permits)),
+        "rows": [_row(lock) for lock in held.locks],
+    }
+
+
+def _permit(value: str) -> int | None:
+    """The ``permit`` of a link or form: its number, or None (a mutex); ValueError otherwise."""
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit()) or len(value) > 6:
+        raise ValueError(f"a permit's number, as the list shows it, not {value!r}")
+    return int(value)
+
+
+def _permits(backend: Any, key: str) -> list[int]:
+    """The numbers of the permits of ``key`` held now (none for a mutex or a free key)."""
+    if not backend.capabilities.permits:
+        return []  # none to look for (and Redis would list by a scan of every key)
+    held = [held for held in display.by_key(backend.list()) if held.key == key]
+    return held[0].permits if held else []
 
 
 @admin.register(CacheEntry)
@@ -125,16 +161,19 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         except Exception as exc:  # an unreachable storage is shown, not a 500
             logger.warning("The Task locks page could not list locks.", exc_info=True)
             locks, error = [], f"{type(exc).__name__}: {exc}"
-        total = len(locks)
-        if query:
-            locks = [lock for lock in locks if query.casefold() in lock.key.casefold()]
+        total = len(display.by_key(locks))
+        if query:  # in the caller's key: a permit's stored name is nobody's to search
+            locks = [lock for lock in locks if query.casefold() in display.key(lock).casefold()]
+        groups = display.by_key(locks)
         context = {
             **self.admin_site.each_context(request),
             "title": "Task locks",
             "subtitle": None,
             "opts": self.opts,
             "storage": None if error else display.storage(backend),
-            "locks": [_row(lock) for lock in locks],
+            "groups": [_group(held) for held in groups],
+            "shown": len(groups),
+            "leases": len(locks),
             "total": total,
             "query": query,
             "error": error,
@@ -161,18 +200,22 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         lease = data.get("lease", "")
         try:
             key = validate_key(data.get("key", ""))
+            permit = _permit(data.get("permit", ""))
             if request.method == "POST" and not lease:
                 raise ValueError("the form named no lease; reload the page")
         except ValueError as exc:
             messages.error(request, f"Cannot release: {exc}.")
             return back
+        name = key if permit is None else permit_key(key, permit)
+        what = display.named(key, permit)
         try:
             backend = TaskLockService().backend
             if request.method == "POST":
-                ended = backend.force_release(key, lease=lease)
-                shown = None if ended is not None else backend.peek(key)
+                ended = backend.force_release(name, lease=lease)
+                shown = None if ended is not None else backend.peek(name)
             else:
-                ended, shown = None, backend.peek(key)
+                ended, shown = None, backend.peek(name)
+            permits = [] if ended or shown or permit is not None else _permits(backend, key)
         except Exception as exc:
             logger.warning("Force release from the admin failed.", exc_info=True)
             messages.error(request, f"The lock backend failed: {type(exc).__name__}: {exc}")
@@ -180,16 +223,24 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if ended is not None:
             self._log_release(request, ended)
             messages.success(
-                request, f"Released {key!r} (was held by {ended.holder}, lease {ended.lease})."
+                request, f"Released {what} (was held by {ended.holder}, lease {ended.lease})."
+            )
+            return back
+        if permits:  # a link without its permit: which one is for the operator to say
+            numbers = ", ".join(str(n) for n in permits)
+            messages.warning(
+                request,
+                f"{what} is held as permits, {display.permits_held(len(permits))} (number "
+                f"{numbers}): release one of them from the list. Nothing was released.",
             )
             return back
         if shown is None:
-            messages.warning(request, f"{key!r} is not held (any more): nothing to release.")
+            messages.warning(request, f"{what} is not held (any more): nothing to release.")
             return back
         if lease and shown.lease != lease:
             messages.warning(
                 request,
-                f"{key!r} changed hands since the page was shown: it is held now by "
+                f"{what} changed hands since the page was shown: it is held now by "
                 f"{display.lease(shown)}. Nothing was released.",
             )
             return back
@@ -223,19 +274,21 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         # row's primary key on the database backend.
         user = request.user
         assert user.is_authenticated  # admin_view lets nobody else in
+        key, permit = display.key(held), display.permit(held)
         LogEntry.objects.create(
             user=user,
             content_type_id=ContentType.objects.get_for_model(CacheEntry).pk,
             object_id=storage_key(held.key),
-            object_repr=held.key[:200],
+            object_repr=(key if permit is None else f"{key} (permit {permit})")[:200],
             action_flag=DELETION,
             change_message=(
-                f"Force-released the task lock held by {held.holder} (lease {held.lease})."
+                f"Force-released {'the task lock' if permit is None else f'permit {permit}'} "
+                f"held by {held.holder} (lease {held.lease})."
             ),
         )
         logger.warning(
-            "Task lock %r held by %s was force-released by %s in the admin.",
-            held.key,
+            "Task lock %s held by %s was force-released by %s in the admin.",
+            display.named(key, permit),
             held.holder,
             request.user,
         )

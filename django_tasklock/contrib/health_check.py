@@ -15,7 +15,9 @@ the backend ``TASKLOCK_BACKEND`` chooses. A finding is a ``ServiceWarning``; a
 storage that cannot be read, one whose refreshes by this process's heartbeat
 fail, or an invalid ``TASKLOCK_HEALTH``, is ``ServiceUnavailable``. Messages
 name the ``TASKLOCK_HEALTH`` pattern, not the key (health pages are often
-public), unless ``show_keys=True``.
+public), unless ``show_keys=True``. The permits of a ``limit=N`` key are
+judged by its key's pattern, each a lease of its own; those of one key found
+so make one finding (``health.merged``): one key, not N locks.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def _look() -> list[health.Finding]:
         return found
     backend = TaskLockService().backend
     try:
-        return found + health.lease_findings(backend.list(), entries)
+        return found + health.merged(health.lease_findings(backend.list(), entries))
     except Exception as exc:
         # Not the error's text: it may name hosts or credentials.
         raise ServiceUnavailable(f"Could not list the task locks ({type(exc).__name__}).") from exc

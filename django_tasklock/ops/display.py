@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from django_tasklock.backends.base import HeldLock, Holder
+from django_tasklock.backends.base import HeldLock, Holder, limited_key
 from django_tasklock.processes import holder_gone
 
 
@@ -51,13 +52,78 @@ def gone(lock: HeldLock) -> bool | None:
 GONE = "holder process gone"
 
 
+def key(lock: HeldLock) -> str:
+    """The caller's key of a lease: a permit's key without its number (as callers wrote it)."""
+    return limited_key(lock.key)[0]
+
+
+def permit(lock: HeldLock) -> int | None:
+    """A permit's number (as stored: from 0), or None for a mutex's lease.
+
+    The limit its key was taken with is not in :class:`HeldLock`: operators are
+    shown how many permits are held, and their numbers, never "N of limit".
+    """
+    return limited_key(lock.key)[1]
+
+
+def named(key: str, permit: int | None) -> str:
+    """A lease as operators name it: ``'k'``, or ``permit 2 of 'k'`` (the key :func:`repr`'d).
+
+    Never the permit's stored name (the key, a unit separator, the number):
+    operators can neither read nor type the separator.
+    """
+    return repr(key) if permit is None else f"permit {permit} of {key!r}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """One caller's key and its live leases: a mutex's one, or a limited key's permits."""
+
+    key: str  #: the caller's key
+    locks: list[HeldLock]  #: a mutex's lease, or the permits by number
+
+    @property
+    def permits(self) -> list[int]:
+        """The numbers of the permits held (none for a mutex)."""
+        return [n for lock in self.locks if (n := permit(lock)) is not None]
+
+    @property
+    def limited(self) -> bool:
+        """Whether the key is held as permits (of a ``limit=N`` key), not as a mutex."""
+        return bool(self.permits)
+
+
+def by_key(locks: list[HeldLock]) -> list[Held]:
+    """``locks`` by caller's key, in the order listed; a key's permits by their number.
+
+    A limited key held by 3 permits is one :class:`Held` of 3 leases. Its
+    permits come after the key in the storage's order (the separator sorts
+    before every printable character), but they are gathered whatever the order.
+    """
+    groups: dict[str, list[HeldLock]] = {}
+    for lock in locks:
+        groups.setdefault(key(lock), []).append(lock)
+    return [
+        Held(name, sorted(found, key=lambda lock: (permit(lock) is not None, permit(lock) or 0)))
+        for name, found in groups.items()
+    ]
+
+
+def permits_held(count: int) -> str:
+    """``1 permit held``, ``3 permits held``."""
+    return f"{count} permit held" if count == 1 else f"{count} permits held"
+
+
 def as_json(lock: HeldLock) -> dict[str, Any]:
     """One lock as a JSON object; times in ISO 8601, UTC, with their offset.
 
     ``holder_gone``: :func:`gone` (null when it cannot be told from here).
+    ``key`` is the caller's key, a permit's too; ``permit`` the permit's
+    number (:func:`permit`), null for a mutex's lease.
     """
     row: dict[str, Any] = {
-        "key": lock.key,
+        "key": key(lock),
+        "permit": permit(lock),
         "host": lock.holder.host,
         "pid": lock.holder.pid,
         "acquired_at": utc(lock.acquired_at).isoformat(),

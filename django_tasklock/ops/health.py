@@ -28,8 +28,13 @@ What one process can see, and so what is judged here:
   the next acquisition there takes it over, and a heartbeat there reaps it;
   seen from here, nothing of that machine has yet.
 
+A permit of a ``limit=N`` key is a lease of its own, judged by the entry
+its key (the caller's, not the permit's stored name) matches; each finding
+names the permit (``permit``). :func:`merged` makes one finding of those of
+one kind about a key's permits, for reports that count keys.
+
 ``manage.py check --deploy`` (``checks.check_lock_health``) and the
-django-health-check plugin (``contrib.health_check``) report these.
+django-health-check plugin (``contrib.health_check``, merged) report these.
 """
 
 from __future__ import annotations
@@ -113,6 +118,25 @@ class Finding:
     #: REFRESH_OVERDUE: the entry gives no ttl: the default was assumed
     ttl_assumed: bool = False
     holder: str | None = None  #: HOLDER_GONE: the holder's host and pid
+    #: The lease is this permit of ``key`` (a ``limit=N`` key); None for a mutex's lease
+    permit: int | None = None
+    #: :func:`merged`: the permits of ``key`` found so (this finding is the worst of them)
+    permits: tuple[int, ...] = ()
+
+    def _which(self, key: bool, worst: str) -> str:
+        """The sentence's subject: the lease (or, merged, the worst of the permits) found."""
+        if self.permits:
+            numbers = ", ".join(str(n) for n in self.permits)
+            if key:
+                return f"Of permits {numbers} of {self.key!r}, the {worst}"
+            return (
+                f"Of {len(self.permits)} permits of a lock matching {self.pattern!r}, the {worst}"
+            )
+        if key:
+            return display.named(self.key or "", self.permit)
+        if self.permit is not None:
+            return f"A permit of a lock matching {self.pattern!r}"
+        return f"A lock matching {self.pattern!r}"
 
     def describe(self, *, key: bool = True) -> str:
         """A sentence; ``key=False`` names the entry's pattern instead of the key."""
@@ -130,20 +154,24 @@ class Finding:
                 f"longer than the refresh interval ({limit})."
             )
         if self.kind == HOLDER_GONE:
-            which = repr(self.key) if key else "A lock"
+            if key:
+                which = display.named(self.key or "", self.permit)
+            else:
+                which = "A lock" if self.permit is None else "A permit of a lock"
             return (
                 f"{which} is held by {self.holder}, whose process is gone "
                 f"(held for {held}); it is taken over by the next acquisition on that "
                 "machine, or reaped there by the heartbeat of a process holding a lock."
             )
-        which = repr(self.key) if key else f"A lock matching {self.pattern!r}"
         entry = f"{SETTING}[{self.pattern!r}]"
         if self.kind == HELD_TOO_LONG:
+            which = self._which(key, "longest held")
             return (
                 f"{which} has been held for {held}, longer than the {limit} that {entry} allows."
             )
         left = display.duration(self.left or 0.0)
         if self.kind == TTL_NOT_THE_LOCKS:
+            which = self._which(key, "longest held")
             return (
                 f"{which} has {left} of its lease left after being held for {held}: its "
                 f"ttl is shorter than the {limit} that {entry} gives, so its refreshes "
@@ -154,6 +182,7 @@ class Finding:
             gives = f"the default ttl, which {entry} assumes for want of one"
         else:
             gives = f"the ttl that {entry} gives"
+        which = self._which(key, "least recently refreshed")
         return (
             f"{which} has {left} of its lease left; with {gives} "
             f"({ttl}), it was last refreshed {held} ago, more than twice its refresh "
@@ -267,54 +296,97 @@ def heartbeat_findings() -> list[Finding]:
 
 
 def lease_findings(locks: list[HeldLock], entries: list[Limit]) -> list[Finding]:
-    """The leases of ``locks`` held too long or not refreshed on time, by ``entries``."""
+    """The leases of ``locks`` held too long or not refreshed on time, by ``entries``.
+
+    A permit of a ``limit=N`` key is judged by the entry its key matches (the
+    caller's key, never the permit's stored name), as a lease of its own: each
+    finding names its permit. :func:`merged` makes one of a key's permits
+    found so.
+    """
     found: list[Finding] = []
     for lock in locks:
-        entry = next((entry for entry in entries if entry.matches(lock.key)), None)
-        held = display.seconds_held(lock)
-        if display.gone(lock):
-            pattern = None if entry is None else entry.pattern
-            who = display.holder(lock.holder)
-            found.append(Finding(HOLDER_GONE, held, 0.0, lock.key, pattern, holder=who))
+        key = display.key(lock)
+        entry = next((entry for entry in entries if entry.matches(key)), None)
+        found += [
+            dataclasses.replace(finding, key=key, permit=display.permit(lock))
+            for finding in _judged(lock, entry)
+        ]
+    return found
+
+
+def merged(found: list[Finding]) -> list[Finding]:
+    """``found`` with the findings of one kind about several permits of one key made one.
+
+    A ``limit=N`` key whose 3 permits are all held too long is one key held
+    too long, not 3 locks: the finding of the worst (the longest held, or
+    longest since its refresh) stands for them, its ``permits`` saying
+    which. Findings of a process gone stay one per permit (each names its
+    holder), and so do a mutex's. In the order of the first finding of each.
+    """
+    groups: dict[tuple[str, str | None, str | None] | int, list[Finding]] = {}
+    for index, finding in enumerate(found):
+        if finding.permit is None or finding.kind == HOLDER_GONE:
+            groups[index] = [finding]  # a group of its own
+        else:
+            groups.setdefault((finding.kind, finding.key, finding.pattern), []).append(finding)
+    result = []
+    for group in groups.values():
+        if len(group) == 1:
+            result.append(group[0])
             continue
-        if entry is None:
-            continue
-        if entry.max_held is not None and held > entry.max_held.total_seconds():
-            limit = entry.max_held.total_seconds()
-            found.append(Finding(HELD_TOO_LONG, held, limit, lock.key, entry.pattern))
-        options = entry.options
-        capped_at = display.utc(lock.acquired_at) + options.max_lifetime - _CAPPED_WITHIN
-        if display.utc(lock.expires_at) >= capped_at:
-            continue
-        if lock.holder.claim and _never_refreshed(lock, options.ttl):
-            continue  # a task waiting in its queue: nobody refreshes it before it runs
-        interval, ttl = options.refresh_interval.total_seconds(), options.ttl.total_seconds()
-        since_refresh = ttl - lock.seconds_left
-        if since_refresh > held + _TTL_SLACK.total_seconds():
-            # Refreshed before it was acquired, by the entry's ttl: not the lock's ttl.
-            # An entry that gives none (only max_held) assumed the default: not judged.
-            if entry.ttl_given:
-                found.append(
-                    Finding(
-                        TTL_NOT_THE_LOCKS,
-                        held,
-                        ttl,
-                        lock.key,
-                        entry.pattern,
-                        left=lock.seconds_left,
-                    )
-                )
-        elif since_refresh > 2 * interval:
+        worst = max(group, key=lambda finding: finding.seconds)
+        numbers = tuple(sorted(finding.permit for finding in group if finding.permit is not None))
+        result.append(dataclasses.replace(worst, permit=None, permits=numbers))
+    return result
+
+
+def _judged(lock: HeldLock, entry: Limit | None) -> list[Finding]:
+    """What is wrong with one lease, by ``entry`` (None: no entry matches its key)."""
+    found: list[Finding] = []
+    held = display.seconds_held(lock)
+    if display.gone(lock):
+        pattern = None if entry is None else entry.pattern
+        who = display.holder(lock.holder)
+        found.append(Finding(HOLDER_GONE, held, 0.0, lock.key, pattern, holder=who))
+        return found
+    if entry is None:
+        return found
+    if entry.max_held is not None and held > entry.max_held.total_seconds():
+        limit = entry.max_held.total_seconds()
+        found.append(Finding(HELD_TOO_LONG, held, limit, lock.key, entry.pattern))
+    options = entry.options
+    capped_at = display.utc(lock.acquired_at) + options.max_lifetime - _CAPPED_WITHIN
+    if display.utc(lock.expires_at) >= capped_at:
+        return found
+    if lock.holder.claim and _never_refreshed(lock, options.ttl):
+        return found  # a task waiting in its queue: nobody refreshes it before it runs
+    interval, ttl = options.refresh_interval.total_seconds(), options.ttl.total_seconds()
+    since_refresh = ttl - lock.seconds_left
+    if since_refresh > held + _TTL_SLACK.total_seconds():
+        # Refreshed before it was acquired, by the entry's ttl: not the lock's ttl.
+        # An entry that gives none (only max_held) assumed the default: not judged.
+        if entry.ttl_given:
             found.append(
                 Finding(
-                    REFRESH_OVERDUE,
-                    since_refresh,
-                    interval,
+                    TTL_NOT_THE_LOCKS,
+                    held,
+                    ttl,
                     lock.key,
                     entry.pattern,
                     left=lock.seconds_left,
-                    ttl=ttl,
-                    ttl_assumed=not entry.ttl_given,
                 )
             )
+    elif since_refresh > 2 * interval:
+        found.append(
+            Finding(
+                REFRESH_OVERDUE,
+                since_refresh,
+                interval,
+                lock.key,
+                entry.pattern,
+                left=lock.seconds_left,
+                ttl=ttl,
+                ttl_assumed=not entry.ttl_given,
+            )
+        )
     return found

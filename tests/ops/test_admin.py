@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from django.contrib.admin.models import DELETION, LogEntry
@@ -17,9 +18,10 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.management import call_command
 from django.test import Client, override_settings
 from django.urls import reverse
+from django.utils.html import escape
 
 from django_tasklock.api.service import TaskLockService, new_token
-from django_tasklock.backends.base import BaseBackend, HeldLock
+from django_tasklock.backends.base import BaseBackend, HeldLock, permit_key
 from django_tasklock.models import CacheEntry
 from django_tasklock.testing import ContractBackend
 
@@ -431,3 +433,162 @@ def test_an_unreachable_backend_is_shown_not_a_500(admin_client_: Client) -> Non
         assert "The lock backend failed: ConnectionError" in page.content.decode()
         released = admin_client_.post(RELEASE_URL, {"key": "k", "lease": "x"}, follow=True)
         assert texts(released)[0].startswith("The lock backend failed: ConnectionError")
+
+
+# -- permits (limit=N): one key, several leases -------------------------------------
+
+
+@pytest.fixture
+def permits(active_backend: ContractBackend) -> BaseBackend:
+    """The active backend, if it gives permits."""
+    if not active_backend.backend.capabilities.permits:
+        pytest.skip("Redis has no permits yet")
+    return active_backend.backend
+
+
+def two_of_three(backend: BaseBackend, key: str) -> list[str]:
+    """Permits 0 and 2 of ``key`` held (limit 3), by ``worker-0`` and ``worker-2``."""
+    tokens = [f"worker-{n}.example:100{n}:secret-{n}" for n in range(3)]
+    for token in tokens:
+        assert backend.acquire_permit(
+            key, token, limit=3, ttl=timedelta(minutes=5), max_lifetime=timedelta(hours=1)
+        )
+    assert backend.release(permit_key(key, 1), tokens[1])
+    return tokens
+
+
+def release_links(response: Any) -> list[dict[str, str]]:
+    """The query of each "Force release" link of the list page, in the page's order."""
+    links = re.findall(r'<a class="deletelink" href="([^"]+)"', response.content.decode())
+    return [dict(parse_qsl(urlsplit(htmllib.unescape(link)).query)) for link in links]
+
+
+def cells(row: str) -> list[str]:
+    """The text of a table row's cells, markup removed, entities decoded."""
+    found = re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row, re.DOTALL)
+    return [htmllib.unescape(re.sub(r"<[^>]+>", "", cell)).strip() for cell in found]
+
+
+def test_permits_are_listed_under_their_key_and_one_is_released(
+    permits: BaseBackend, key: str
+) -> None:
+    limited = f'{key}:<i>"rep&orts"</i>'  # escaped everywhere
+    two_of_three(permits, limited)
+    hold(permits, f"{key}:a")
+    root = make_user("root", superuser=True)
+    client = client_for(root)
+    shown = permits.peek(permit_key(limited, 2))
+    assert shown is not None
+
+    page = client.get(LIST_URL, {"q": key})
+
+    html = page.content.decode()
+    assert "<i>" not in html
+    assert "\x1f" not in html
+    assert "%1f" not in html.lower()
+    rows = re.findall(r'<tr class="(task-lock[^"]*)">(.*?)</tr>', html, re.DOTALL)
+    assert [(kind, cells(row)[:3]) for kind, row in rows] == [
+        ("task-lock-permits", [limited, "2 permits held"]),
+        ("task-lock task-lock-permit", ["permit 0", "worker-0.example", "1000"]),
+        ("task-lock task-lock-permit", ["permit 2", "worker-2.example", "1002"]),
+        ("task-lock", [f"{key}:a", "worker-7.example", "4242"]),  # "<" sorts before "a"
+    ]
+    assert f"<code>{escape(limited)}</code>" in html
+    assert "2 of 2 held (3 leases: a key held as permits counts once)" in html
+    links = release_links(page)
+    assert links[1] == {"key": limited, "permit": "2", "lease": shown.lease}
+    assert "permit" not in links[2]
+
+    confirm = client.get(RELEASE_URL, links[1])
+    text = htmllib.unescape(re.sub(r"<[^>]+>", "", confirm.content.decode()))
+    assert f"Force-release permit 2 of the task lock {limited}?" in text
+    assert "Its other permits stay held." in text
+    assert "worker-2.example" in text
+    assert "secret-2" not in text
+    assert "<i>" not in confirm.content.decode()
+    assert permits.peek(permit_key(limited, 2)) is not None  # GET changes nothing
+    fields = form_fields(confirm)
+    assert (fields["key"], fields["permit"], fields["lease"]) == (limited, "2", shown.lease)
+
+    done = client.post(RELEASE_URL, fields, follow=True)
+
+    assert done.redirect_chain == [(LIST_URL, 302)]
+    assert texts(done) == [
+        f"Released permit 2 of {limited!r} (was held by worker-2.example:1002, "
+        f"lease {shown.lease})."
+    ]
+    assert "<i>" not in done.content.decode()
+    assert permits.peek(permit_key(limited, 2)) is None
+    assert permits.peek(permit_key(limited, 0)) is not None  # only the one confirmed
+    [entry] = LogEntry.objects.all()
+    assert (entry.user, entry.action_flag) == (root, DELETION)
+    assert entry.object_repr == f"{limited} (permit 2)"
+    assert entry.object_id == f"task-lock:{permit_key(limited, 2)}"
+    assert entry.change_message == (
+        f"Force-released permit 2 held by worker-2.example:1002 (lease {shown.lease})."
+    )
+
+
+def test_a_link_to_a_limited_key_without_its_permit_names_them(
+    permits: BaseBackend, key: str
+) -> None:
+    two_of_three(permits, key)
+    client = client_for(make_user("root", superuser=True))
+    for method in ("get", "post"):
+        response = getattr(client, method)(
+            RELEASE_URL, {"key": key, "lease": "0123456789ab"}, follow=True
+        )
+        assert texts(response) == [
+            f"{key!r} is held as permits, 2 permits held (number 0, 2): release one of them "
+            "from the list. Nothing was released."
+        ]
+    assert permits.peek(permit_key(key, 0)) is not None
+    assert permits.peek(permit_key(key, 2)) is not None
+    assert not LogEntry.objects.exists()
+
+
+def test_release_confirms_the_permit_shown_not_its_successor(
+    permits: BaseBackend, key: str
+) -> None:
+    tokens = two_of_three(permits, key)
+    client = client_for(make_user("root", superuser=True))
+    fields = form_fields(client.get(RELEASE_URL, {"key": key, "permit": "0"}))
+    assert permits.release(permit_key(key, 0), tokens[0])
+    assert permits.acquire_permit(
+        key,
+        "worker-9.example:1009:secret-9",
+        limit=3,
+        ttl=timedelta(minutes=5),
+        max_lifetime=timedelta(hours=1),
+    ) == permit_key(key, 0)
+
+    done = client.post(RELEASE_URL, fields, follow=True)
+
+    [message] = texts(done)
+    assert message.startswith(
+        f"permit 0 of {key!r} changed hands since the page was shown: it is held now by "
+        "worker-9.example:1009 since "
+    )
+    assert message.endswith("Nothing was released.")
+    now = permits.peek(permit_key(key, 0))
+    assert now is not None
+    assert now.holder.host == "worker-9.example"
+    assert not LogEntry.objects.exists()
+
+
+@pytest.mark.parametrize("permit", ["-1", "x", "1\x1f", "٣"])
+def test_releasing_a_bad_permit(
+    memory: BaseBackend, admin_client_: Client, key: str, permit: str
+) -> None:
+    response = admin_client_.post(
+        RELEASE_URL, {"key": key, "permit": permit, "lease": "x"}, follow=True
+    )
+    assert texts(response)[0].startswith("Cannot release: a permit's number, as the list shows it")
+
+
+def test_a_key_with_the_separator_is_refused(memory: BaseBackend, admin_client_: Client) -> None:
+    """A permit is named by its key and number; never by its stored name."""
+    response = admin_client_.get(RELEASE_URL, {"key": "k\x1f0"}, follow=True)
+    assert texts(response) == [
+        "Cannot release: key must not contain the unit separator ('\\x1f')."
+    ]

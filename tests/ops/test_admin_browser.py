@@ -38,6 +38,8 @@ from tests.support.holder import hold_until_lost
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 HELD_ELSEWHERE = "nightly-report:2026-11-30"
+#: A limit=2 key whose permits the permit test holds.
+LIMITED = "nightly-export"
 WIDTH = 1280
 DJANGO = f"django-{django.VERSION[0]}.{django.VERSION[1]}"
 #: What makes breadcrumbs look like the admin's: compared with a page of Django's own.
@@ -202,3 +204,68 @@ def test_force_release_another_process_lock_in_the_browser(
     # The holder's heartbeat finds its lease gone: lock_lost, then result.lost.
     assert conn.poll(15), "the holder did not notice"
     assert conn.recv() == ("finished", True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_force_release_one_permit_in_the_browser(browser: Any, live_server: Any) -> None:
+    from django.contrib.admin.models import LogEntry
+    from selenium.webdriver.common.by import By
+
+    User.objects.create_superuser("admin", password="admin")
+    backend = TaskLockService().backend
+    assert backend.capabilities.permits
+    tokens = [f"worker-{n}.example:100{n}:secret-{n}" for n in range(2)]
+    for token in tokens:
+        assert backend.acquire_permit(
+            LIMITED, token, limit=2, ttl=timedelta(minutes=15), max_lifetime=timedelta(hours=1)
+        )
+    backend.acquire(
+        "rebuild-rollups", new_token(), ttl=timedelta(minutes=15), max_lifetime=timedelta(hours=1)
+    )
+
+    browser.get(f"{live_server.url}/admin/")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("admin")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    browser.find_element(By.ID, "user-tools")  # logged in
+    browser.get(f"{live_server.url}/admin/django_tasklock/cacheentry/")
+
+    def rows() -> list[list[str]]:
+        return [
+            [cell.text for cell in row.find_elements(By.CSS_SELECTOR, "th, td")][:3]
+            for row in browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+        ]
+
+    assert rows() == [
+        [LIMITED, "2 permits held"],
+        ["permit 0", "worker-0.example", "1000"],
+        ["permit 1", "worker-1.example", "1001"],
+        ["rebuild-rollups", socket.gethostname(), str(os.getpid())],
+    ]
+    assert "2 of 2 held (3 leases" in browser.find_element(By.ID, "toolbar").text
+    assert_fits(browser)
+    browser.save_screenshot(str(artifacts_dir() / f"admin-task-locks-permits-{DJANGO}.png"))
+
+    permit = browser.find_element(By.XPATH, "//tr[th[normalize-space()='permit 1']]")
+    assert permit.find_element(By.TAG_NAME, "th").get_attribute("title") == (
+        f"permit 1 of {LIMITED}"
+    )
+    permit.find_element(By.LINK_TEXT, "Force release").click()
+    content = browser.find_element(By.ID, "content").text
+    assert f"Force-release permit 1 of the task lock {LIMITED}?" in content
+    assert "worker-1.example" in content
+    browser.find_element(By.CSS_SELECTOR, "input[value='Yes, force-release it']").click()
+
+    message = browser.find_element(By.CSS_SELECTOR, ".messagelist .success").text
+    assert message.startswith(
+        f"Released permit 1 of '{LIMITED}' (was held by worker-1.example:1001, lease "
+    )
+    assert rows() == [
+        [LIMITED, "1 permit held"],
+        ["permit 0", "worker-0.example", "1000"],
+        ["rebuild-rollups", socket.gethostname(), str(os.getpid())],
+    ]
+    assert backend.peek(f"{LIMITED}\x1f1") is None
+    assert backend.peek(f"{LIMITED}\x1f0") is not None
+    [entry] = LogEntry.objects.all()
+    assert entry.object_repr == f"{LIMITED} (permit 1)"

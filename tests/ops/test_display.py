@@ -108,3 +108,27 @@ def test_a_holder_is_gone_only_where_this_machine_can_tell() -> None:
         *expected,
         None,
     ]
+
+
+def test_a_limited_keys_permits_are_one_key_in_their_numbers_order() -> None:
+    acquired = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
+
+    def held(name: str) -> HeldLock:
+        return HeldLock(name, Holder("h", 1), acquired, acquired + timedelta(minutes=5), 60.0)
+
+    # As a backend might list them: by name, so permit 10 before permit 2.
+    listed = [held(name) for name in ("a", "b\x1f10", "b\x1f2", "c", "b\x1f0")]
+
+    groups = display.by_key(listed)
+
+    assert [(group.key, group.permits, group.limited) for group in groups] == [
+        ("a", [], False),
+        ("b", [0, 2, 10], True),
+        ("c", [], False),
+    ]
+    assert [lock.key for lock in groups[1].locks] == ["b\x1f0", "b\x1f2", "b\x1f10"]
+    assert [display.as_json(lock)["key"] for lock in groups[1].locks] == ["b"] * 3
+    assert [display.as_json(lock)["permit"] for lock in listed] == [None, 10, 2, None, 0]
+    assert display.named("b", 2) == "permit 2 of 'b'"
+    assert display.named("b", None) == "'b'"
+    assert display.permits_held(1) == "1 permit held"

@@ -310,3 +310,83 @@ def test_a_unique_claim_waiting_in_the_queue_is_not_behind_until_a_worker_takes_
     assert held.holder.claim
     for name, token in claims.items():
         unclaim(name, token, backend=backend)
+
+
+# -- permits (limit=N): one key, several leases -------------------------------------
+
+
+def test_permits_are_judged_by_their_keys_entry_each_named(
+    active_backend: ContractBackend, key: str
+) -> None:
+    backend = active_backend.backend
+    if not backend.capabilities.permits:
+        pytest.skip("Redis has no permits yet")
+    for _ in range(2):
+        taken = backend.acquire_permit(
+            key, new_token(), limit=3, ttl=timedelta(minutes=15), max_lifetime=LIFE
+        )
+        assert taken is not None
+    assert backend.acquire(
+        f"{key}-mutex", new_token(), ttl=timedelta(minutes=15), max_lifetime=LIFE
+    )
+    time.sleep(0.05)
+    # The key's own name, as written: its permits' stored names do not match it.
+    setting = {key: 0.01, f"{key}-mutex": 0.01}
+
+    found = health.lease_findings(backend.list(), health.limits(setting))
+
+    assert [(f.kind, f.key, f.permit) for f in found] == [
+        (health.HELD_TOO_LONG, key, 0),
+        (health.HELD_TOO_LONG, key, 1),
+        (health.HELD_TOO_LONG, f"{key}-mutex", None),
+    ]
+    assert found[1].describe().startswith(f"permit 1 of {key!r} has been held for ")
+    assert (
+        found[1]
+        .describe(key=False)
+        .startswith(f"A permit of a lock matching {key!r} has been held for ")
+    )
+    assert found[2].describe().startswith(f"'{key}-mutex' has been held for ")
+    # One key held too long, not two locks: merged, the longest held speaks for both.
+    [permits, mutex] = health.merged(found)
+    assert (permits.permits, permits.permit, permits.seconds) == ((0, 1), None, found[0].seconds)
+    assert permits.describe().startswith(
+        f"Of permits 0, 1 of {key!r}, the longest held has been held for "
+    )
+    assert permits.describe(key=False).startswith(
+        f"Of 2 permits of a lock matching {key!r}, the longest held has been held for "
+    )
+    assert mutex == found[2]
+    # The deploy check names each permit (no separator, raw or escaped).
+    with override_settings(TASKLOCK_HEALTH=setting):
+        messages = [m.msg for m in check_lock_health() if key in m.msg]
+    assert [m.split(" has ")[0] for m in messages] == [
+        f"permit 0 of {key!r}",
+        f"permit 1 of {key!r}",
+        f"'{key}-mutex'",
+    ]
+    assert not any("\x1f" in m or "\\x1f" in m for m in messages)
+
+
+def test_merged_keeps_each_holder_gone_and_each_mutex_apart() -> None:
+    def finding(kind: str, key: str, permit: int | None, seconds: float) -> health.Finding:
+        return health.Finding(kind, seconds, 60.0, key, "k*", permit=permit, holder="h:1")
+
+    found = [
+        finding(health.HELD_TOO_LONG, "k1", 2, 100.0),
+        finding(health.HOLDER_GONE, "k1", 0, 90.0),
+        finding(health.HELD_TOO_LONG, "k2", None, 80.0),
+        finding(health.HELD_TOO_LONG, "k1", 0, 300.0),
+        finding(health.HOLDER_GONE, "k1", 1, 70.0),
+        finding(health.REFRESH_OVERDUE, "k1", 1, 200.0),
+        finding(health.HELD_TOO_LONG, "k2", None, 80.0),
+    ]
+
+    assert [(f.kind, f.key, f.permit, f.permits, f.seconds) for f in health.merged(found)] == [
+        (health.HELD_TOO_LONG, "k1", None, (0, 2), 300.0),  # the longest held of both
+        (health.HOLDER_GONE, "k1", 0, (), 90.0),
+        (health.HELD_TOO_LONG, "k2", None, (), 80.0),
+        (health.HOLDER_GONE, "k1", 1, (), 70.0),
+        (health.REFRESH_OVERDUE, "k1", 1, (), 200.0),  # alone of its kind: as found
+        (health.HELD_TOO_LONG, "k2", None, (), 80.0),
+    ]

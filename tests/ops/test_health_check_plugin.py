@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import io
+import re
+import time
 from datetime import timedelta
 
 import pytest
@@ -148,3 +150,33 @@ def test_the_health_check_command_runs_it(active_backend: ContractBackend, key: 
 def test_with_django_health_check_3_importing_says_what_to_install() -> None:
     with pytest.raises(MissingFramework, match=r"needs django-health-check 4 or later"):
         importlib.import_module("django_tasklock.contrib.health_check")
+
+
+@needs_v4
+@override_settings(ROOT_URLCONF="tests.health_urls")
+def test_a_limited_keys_permits_held_too_long_are_one_finding(
+    active_backend: ContractBackend, key: str
+) -> None:
+    backend = active_backend.backend
+    if not backend.capabilities.permits:
+        pytest.skip("Redis has no permits yet")
+    for _ in range(3):
+        taken = backend.acquire_permit(
+            key, new_token(), limit=3, ttl=timedelta(minutes=15), max_lifetime=timedelta(hours=1)
+        )
+        assert taken is not None
+    time.sleep(0.05)
+    with override_settings(TASKLOCK_HEALTH={f"{key}*": 0.01}):
+        status, body = _get("/ht/")
+        assert status == 500
+        assert re.fullmatch(
+            rf"Warning: Of 3 permits of a lock matching '{key}\*', the longest held has been "
+            rf"held for \d+\.\d s, longer than the 0\.0 s that TASKLOCK_HEALTH\['{key}\*'\] "
+            r"allows\.",
+            body[NAME],
+        ), body
+        status, body = _get("/ht/keys/")  # show_keys=True
+    assert status == 500
+    assert body["TaskLocks(show_keys=True)"].startswith(
+        f"Warning: Of permits 0, 1, 2 of {key!r}, the longest held has been held for "
+    )

@@ -22,7 +22,7 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 
 from django_tasklock.api.service import new_token
-from django_tasklock.backends.base import BaseBackend, HeldLock, storage_key
+from django_tasklock.backends.base import BaseBackend, HeldLock, permit_key, storage_key
 from django_tasklock.management.commands.tasklock import KEY_WIDTH, Command
 from django_tasklock.ops import display
 from django_tasklock.testing import ContractBackend
@@ -709,3 +709,198 @@ def test_unreachable_storage_is_a_command_error(args: tuple[str, ...]) -> None:
 def test_misconfiguration_is_a_command_error() -> None:
     with override_settings(TASKLOCK_BACKEND="nosuch"), pytest.raises(CommandError, match="nosuch"):
         run("list")
+
+
+# -- permits (limit=N): one key, several leases -------------------------------------
+
+
+@pytest.fixture
+def permits(active_backend: ContractBackend) -> BaseBackend:
+    """The active backend, if it gives permits."""
+    if not active_backend.backend.capabilities.permits:
+        pytest.skip("Redis has no permits yet")
+    return active_backend.backend
+
+
+def take(backend: BaseBackend, key: str, token: str, limit: int = 3) -> str:
+    name = backend.acquire_permit(key, token, limit=limit, ttl=LONG, max_lifetime=LIFE)
+    assert name is not None
+    return name
+
+
+def two_of_three(backend: BaseBackend, key: str) -> list[str]:
+    """Permits 0 and 2 of ``key`` held (limit 3), by ``worker-0`` and ``worker-2``."""
+    tokens = [f"worker-{n}.example:100{n}:secret-{n}" for n in range(3)]
+    names = [take(backend, key, token) for token in tokens]
+    assert names == [permit_key(key, n) for n in range(3)]
+    assert backend.release(names[1], tokens[1])
+    return tokens
+
+
+def test_list_shows_a_limited_key_once_with_its_permits(permits: BaseBackend, key: str) -> None:
+    hold(permits, f"{key}:a", "worker-7.example:4242:secret-part")
+    two_of_three(permits, f"{key}:reports")
+
+    lines = run("list", "--prefix", key).splitlines()
+
+    assert [line.split()[:4] for line in lines[1:]] == [
+        [f"{key}:a", "worker-7.example", "4242", lines[1].split()[3]],
+        [f"{key}:reports", "2", "permits", "held"],
+        ["permit", "0", "worker-0.example", "1000"],
+        ["permit", "2", "worker-2.example", "1002"],
+    ]
+    assert "--permit N" in lines[2]
+    assert re.search(r"\b[45] min \d\d s$", lines[4])
+    # Never the stored name of a permit: its separator, raw or escaped.
+    assert "\x1f" not in "\n".join(lines)
+    assert "\\x1f" not in "\n".join(lines)
+    # The columns line up: the permits' HOST under the mutex's.
+    assert lines[1].index("worker-7") == lines[3].index("worker-0") == lines[4].index("worker-2")
+
+
+def test_list_json_gives_the_callers_key_and_the_permits_number(
+    permits: BaseBackend, key: str
+) -> None:
+    hold(permits, f"{key}:a", "worker-7.example:4242:secret-part")
+    two_of_three(permits, f"{key}:reports")
+
+    rows = json.loads(run("list", "--json", "--prefix", key))
+
+    assert [(row["key"], row["permit"], row["host"]) for row in rows] == [
+        (f"{key}:a", None, "worker-7.example"),
+        (f"{key}:reports", 0, "worker-0.example"),
+        (f"{key}:reports", 2, "worker-2.example"),
+    ]
+
+
+def test_list_prefix_matches_the_callers_key_of_permits(permits: BaseBackend, key: str) -> None:
+    two_of_three(permits, f"{key}:reports")
+    hold(permits, f"{key}:rollups")
+
+    def listed(prefix: str) -> list[tuple[str, int | None]]:
+        return [
+            (row["key"], row["permit"])
+            for row in json.loads(run("list", "--json", "--prefix", prefix))
+        ]
+
+    assert listed(f"{key}:rep") == [(f"{key}:reports", 0), (f"{key}:reports", 2)]
+    assert listed(f"{key}:reports") == [(f"{key}:reports", 0), (f"{key}:reports", 2)]
+    assert listed(f"{key}:ro") == [(f"{key}:rollups", None)]
+
+
+def test_release_one_permit_after_the_prompt(
+    permits: BaseBackend, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    limited = f"{key}:reports"
+    two_of_three(permits, limited)
+    shown = permits.peek(permit_key(limited, 2))
+    assert shown is not None
+    questions: list[str] = []
+
+    def agree(self: Command, question: str) -> bool:
+        questions.append(question)
+        return True
+
+    monkeypatch.setattr(Command, "confirm", agree)
+    out = run("release", limited, "--permit", "2")
+
+    [question] = questions
+    assert question.startswith(f"Force-release permit 2 of {limited!r}, held by worker-2.example")
+    assert f"lease {shown.lease}" in question
+    assert "secret-2" not in question
+    assert out == (
+        f"Released permit 2 of {limited!r} (was held by worker-2.example:1002, "
+        f"lease {shown.lease}).\n"
+    )
+    assert permits.peek(permit_key(limited, 2)) is None
+    assert permits.peek(permit_key(limited, 0)) is not None  # only the one named
+
+
+def test_release_noinput_of_one_permit(permits: BaseBackend, key: str) -> None:
+    two_of_three(permits, key)
+    out = run("release", key, "--permit", "0", "--noinput")
+    assert out.startswith(f"Released permit 0 of {key!r} (was held by worker-0.example:1000, ")
+    assert permits.peek(permit_key(key, 0)) is None
+    assert permits.peek(permit_key(key, 2)) is not None
+
+
+@pytest.mark.parametrize(
+    "options", [(), ("--noinput",), ("--missing-ok",), ("--noinput", "--missing-ok")]
+)
+def test_release_of_a_limited_key_without_permit_names_them_and_releases_nothing(
+    permits: BaseBackend, key: str, monkeypatch: pytest.MonkeyPatch, options: tuple[str, ...]
+) -> None:
+    two_of_three(permits, key)
+    monkeypatch.setattr(Command, "confirm", lambda self, question: pytest.fail("asked"))
+
+    with pytest.raises(CommandError) as info:
+        run("release", key, *options)
+
+    assert str(info.value) == (
+        f"{key!r} is held as permits, 2 permits held (number 0, 2): "
+        "name one with --permit N. Nothing was released."
+    )
+    assert [held.key for held in permits.list() if held.key.startswith(key)] == [
+        permit_key(key, 0),
+        permit_key(key, 2),
+    ]
+
+
+def test_release_of_a_permit_not_held(permits: BaseBackend, key: str) -> None:
+    two_of_three(permits, key)
+    with pytest.raises(CommandError) as info:
+        run("release", key, "--permit", "1", "--noinput")
+    assert str(info.value) == (
+        f"permit 1 of {key!r} is not held; of the key, 2 permits held (number 0, 2)."
+    )
+    # "Release it if it is held": it is not.
+    assert run("release", key, "--permit", "1", "--missing-ok") == (
+        f"permit 1 of {key!r} is not held: nothing to release.\n"
+    )
+    with pytest.raises(CommandError, match=rf"^permit 0 of '{key}-free' is not held\.$"):
+        run("release", f"{key}-free", "--permit", "0", "--noinput")
+    assert permits.peek(permit_key(key, 0)) is not None
+    assert permits.peek(permit_key(key, 2)) is not None
+
+
+def test_release_of_a_permit_of_a_mutex(active_backend: ContractBackend, key: str) -> None:
+    hold(active_backend.backend, key)
+    for options in [("--noinput",), ("--noinput", "--missing-ok"), ()]:
+        with pytest.raises(CommandError) as info:
+            run("release", key, "--permit", "0", *options)
+        assert str(info.value) == (
+            f"permit 0 of {key!r} is not held: the key is held as a mutex, without permits; "
+            "release it without --permit. Nothing was released."
+        )
+    assert active_backend.backend.peek(key) is not None
+
+
+def test_release_of_a_permit_that_changed_hands_at_the_prompt(
+    permits: BaseBackend, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokens = two_of_three(permits, key)
+
+    def meanwhile(self: Command, question: str) -> bool:
+        assert "worker-0.example:1000" in question
+        assert permits.release(permit_key(key, 0), tokens[0])
+        assert take(permits, key, "worker-9.example:1009:secret-9") == permit_key(key, 0)
+        return True
+
+    monkeypatch.setattr(Command, "confirm", meanwhile)
+    with pytest.raises(CommandError) as info:
+        run("release", key, "--permit", "0")
+    assert str(info.value).startswith(
+        f"permit 0 of {key!r} changed hands since the prompt: it is held now by "
+        "worker-9.example:1009 since "
+    )
+    assert "Nothing was released" in str(info.value)
+    now = permits.peek(permit_key(key, 0))
+    assert now is not None
+    assert now.holder.host == "worker-9.example"
+
+
+@pytest.mark.parametrize("value", ["-1", "x", "1.0", "٣", "1234567"])
+def test_a_permits_number_is_a_number_as_list_shows_it(value: str) -> None:
+    with override_settings(TASKLOCK_BACKEND="memory"), pytest.raises(CommandError) as info:
+        run("release", "k", "--permit", value)
+    assert "a permit's number, as list shows it" in str(info.value)

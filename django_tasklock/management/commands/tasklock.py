@@ -15,7 +15,7 @@ from typing import Any, TextIO, TypeVar
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_tasklock.api.service import TaskLockService
-from django_tasklock.backends.base import BaseBackend, HeldLock
+from django_tasklock.backends.base import BaseBackend, HeldLock, permit_key
 from django_tasklock.locking.options import validate_key
 from django_tasklock.ops import display
 
@@ -27,6 +27,13 @@ def _key(value: str) -> str:
         return validate_key(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _permit(value: str) -> int:
+    """A permit's number as ``list`` shows it: 0 or more."""
+    if not (value.isascii() and value.isdigit()) or len(value) > 6:
+        raise argparse.ArgumentTypeError(f"a permit's number, as list shows it: not {value!r}")
+    return int(value)
 
 
 def _expires_by_itself(backend: BaseBackend) -> bool:
@@ -104,6 +111,12 @@ class Command(BaseCommand):
         )
         release.add_argument("key", type=_key, metavar="KEY", help="the key, without task-lock:")
         release.add_argument(
+            "--permit",
+            type=_permit,
+            metavar="N",
+            help="only permit N of KEY, a key held as permits (list shows their numbers)",
+        )
+        release.add_argument(
             "--noinput",
             "--no-input",
             action="store_false",
@@ -136,6 +149,7 @@ class Command(BaseCommand):
             self._release(
                 backend,
                 options["key"],
+                permit=options["permit"],
                 interactive=options["interactive"],
                 verbosity=verbosity,
                 missing_ok=options["missing_ok"],
@@ -167,7 +181,7 @@ class Command(BaseCommand):
     # -- subcommands -------------------------------------------------------------
 
     def _list(self, backend: BaseBackend, *, as_json: bool, prefix: str) -> None:
-        locks = [lock for lock in self._call(backend.list) if lock.key.startswith(prefix)]
+        locks = [lock for lock in self._call(backend.list) if display.key(lock).startswith(prefix)]
         if as_json:
             self.stdout.write(json.dumps([display.as_json(lock) for lock in locks], indent=2))
         elif not locks:
@@ -194,57 +208,96 @@ class Command(BaseCommand):
         backend: BaseBackend,
         key: str,
         *,
+        permit: int | None,
         interactive: bool,
         verbosity: int,
         missing_ok: bool,
     ) -> None:
         """Release the lease the prompt showed, and only it; with --noinput, the holder's now.
 
-        With ``missing_ok`` a key found free (or a lease shown that ended before
-        the release) is no error: "release it if it is held", for scripts.
+        ``permit``: of a key held as permits, that one (``list`` shows their
+        numbers); a key held as permits, released without it, is an error
+        that names them, and nothing is released. With ``missing_ok`` a key
+        (or permit) found free (or a lease shown that ended before the
+        release) is no error: "release it if it is held", for scripts.
         """
+        name = key if permit is None else permit_key(key, permit)
+        what = display.named(key, permit)
         if interactive:
-            shown = self._call(lambda: backend.peek(key))
+            shown = self._call(lambda: backend.peek(name))
             if shown is None:
-                return self._not_held(key, missing_ok, verbosity)
+                return self._not_held(backend, key, permit, missing_ok, verbosity)
             if not self.confirm(
-                f"Force-release {key!r}, held by {display.lease(shown)}? "
+                f"Force-release {what}, held by {display.lease(shown)}? "
                 "Its holder keeps running and will find its lock lost."
             ):
                 raise CommandError("Release cancelled.")
-            ended = self._call(lambda: backend.force_release(key, lease=shown.lease))
+            ended = self._call(lambda: backend.force_release(name, lease=shown.lease))
             if ended is None:
-                now = self._call(lambda: backend.peek(key))
+                now = self._call(lambda: backend.peek(name))
                 if now is None and missing_ok:
-                    return self._not_held(key, missing_ok, verbosity)
-                raise CommandError(self._not_released(shown, now))
+                    return self._not_held(backend, key, permit, missing_ok, verbosity)
+                raise CommandError(self._not_released(what, shown, now))
         else:
-            ended = self._call(lambda: backend.force_release(key))
+            ended = self._call(lambda: backend.force_release(name))
             if ended is None:
-                return self._not_held(key, missing_ok, verbosity)
+                return self._not_held(backend, key, permit, missing_ok, verbosity)
         if verbosity >= 1:
             released = (
-                f"Released {key!r} (was held by {display.holder(ended.holder)}, "
-                f"lease {ended.lease})."
+                f"Released {what} (was held by "
+                f"{display.holder(ended.holder)}, lease {ended.lease})."
             )
             self.stdout.write(self.style.SUCCESS(released))
 
-    def _not_held(self, key: str, missing_ok: bool, verbosity: int) -> None:
-        """KEY was free: an error, or with ``--missing-ok`` a line saying nothing was held."""
-        if not missing_ok:
-            raise CommandError(f"{key!r} is not held.")
-        if verbosity >= 1:
-            self.stdout.write(f"{key!r} is not held: nothing to release.")
+    def _not_held(
+        self, backend: BaseBackend, key: str, permit: int | None, missing_ok: bool, verbosity: int
+    ) -> None:
+        """Nothing was held by that name: an error, or with ``--missing-ok`` a line saying so.
 
-    def _not_released(self, shown: HeldLock, now: HeldLock | None) -> str:
+        A key held otherwise than asked is an error even with ``--missing-ok``
+        (the key is held, and the command was not told which lease): as
+        permits, asked without ``--permit``; as a mutex, asked with it. A
+        permit not held, of a key that holds others, is "not held" as any
+        lease; the error names the permits held.
+        """
+        what = display.named(key, permit)
+        if permit is not None and self._call(lambda: backend.peek(key)) is not None:
+            raise CommandError(
+                f"{what} is not held: the key is held as a mutex, without permits; "
+                "release it without --permit. Nothing was released."
+            )
+        held = self._permits_held(backend, key)
+        if held is not None and permit is None:
+            raise CommandError(
+                f"{what} is held as permits, {held}: name one with --permit N. "
+                "Nothing was released."
+            )
+        if not missing_ok:
+            of_the_key = "" if held is None else f"; of the key, {held}"
+            raise CommandError(f"{what} is not held{of_the_key}.")
+        if verbosity >= 1:
+            self.stdout.write(f"{what} is not held: nothing to release.")
+
+    def _permits_held(self, backend: BaseBackend, key: str) -> str | None:
+        """``2 permits held (number 0, 2)`` of ``key``; None when it holds none."""
+        if not backend.capabilities.permits:
+            return None  # none to look for (and Redis would list by a scan of every key)
+        groups = display.by_key(self._call(backend.list))
+        held = next((held for held in groups if held.key == key and held.limited), None)
+        if held is None:
+            return None
+        numbers = ", ".join(str(n) for n in held.permits)
+        return f"{display.permits_held(len(held.permits))} (number {numbers})"
+
+    def _not_released(self, what: str, shown: HeldLock, now: HeldLock | None) -> str:
         """Why the lease shown was not released: it ended, or the key changed hands."""
         if now is None:
             return (
-                f"{shown.key!r} is not held: the lease shown (of {display.holder(shown.holder)}) "
+                f"{what} is not held: the lease shown (of {display.holder(shown.holder)}) "
                 "ended in the meantime. Nothing was released."
             )
         return (
-            f"{shown.key!r} changed hands since the prompt: it is held now by "
+            f"{what} changed hands since the prompt: it is held now by "
             f"{display.lease(now)}, not by {display.holder(shown.holder)}. Nothing was released; "
             "run the command again to release the new holder."
         )
@@ -259,27 +312,49 @@ class Command(BaseCommand):
             raise CommandError(f"The lock backend failed: {type(exc).__name__}: {exc}") from exc
 
     def _table(self, locks: list[HeldLock]) -> str:
-        """One line per lock: keys and hosts :func:`~django_tasklock.ops.display.printable`."""
+        """One line per lease: keys and hosts :func:`~django_tasklock.ops.display.printable`.
+
+        A limited key's permits follow a line of the key and how many permits
+        are held, each as ``permit N`` (its number, what ``release --permit``
+        takes). That line spans the columns after KEY, and sets none of their widths.
+        """
         header = ["KEY", "HOST", "PID", "ACQUIRED", "EXPIRES", "HELD", "LEFT"]
-        rows = [
-            [
-                display.shortened(display.printable(lock.key), KEY_WIDTH),
-                display.printable(lock.holder.host),
-                (str(lock.holder.pid) if lock.holder.pid is not None else "?")
-                + (f" ({display.GONE})" if display.gone(lock) else ""),
-                display.when(lock.acquired_at),
-                display.when(lock.expires_at),
-                display.duration(display.seconds_held(lock)),
-                display.duration(lock.seconds_left),
-            ]
-            for lock in locks
-        ]
-        if display.has_fences(locks):
+        fenced = display.has_fences(locks)
+        if fenced:
             header.append("FENCE")
-            for row, lock in zip(rows, locks, strict=True):
-                row.append(str(display.fence(lock) or ""))
-        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+        rows: list[list[str] | tuple[str, str]] = []
+        for held in display.by_key(locks):
+            key = display.shortened(display.printable(held.key), KEY_WIDTH)
+            if not held.limited:
+                rows += [self._row(key, lock, fenced) for lock in held.locks]
+                continue
+            held_count = display.permits_held(len(held.permits))
+            rows.append((key, f"{held_count} (release one with --permit N)"))
+            for lock in held.locks:
+                number = display.permit(lock)
+                label = "  mutex" if number is None else f"  permit {number}"
+                rows.append(self._row(label, lock, fenced))
+        cells = [header, *(row for row in rows if isinstance(row, list))]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
         return "\n".join(
             "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            if isinstance(row, list)
+            else f"{row[0].ljust(widths[0])}  {row[1]}"
             for row in [header, *rows]
         )
+
+    @staticmethod
+    def _row(label: str, lock: HeldLock, fenced: bool) -> list[str]:
+        row = [
+            label,
+            display.printable(lock.holder.host),
+            (str(lock.holder.pid) if lock.holder.pid is not None else "?")
+            + (f" ({display.GONE})" if display.gone(lock) else ""),
+            display.when(lock.acquired_at),
+            display.when(lock.expires_at),
+            display.duration(display.seconds_held(lock)),
+            display.duration(lock.seconds_left),
+        ]
+        if fenced:
+            row.append(str(display.fence(lock) or ""))
+        return row
