@@ -19,8 +19,8 @@ Who may do what:
   key), so it appears in "Recent actions".
 
 A ``limit=N`` key held by permits is one entry of the list, saying how many
-permits are held, with a row for each permit by its number (as stored, from
-0; the limit is not known here). A permit is named by its key and its number
+of its N permits are held ("2 of 3 permits held"), with a row for each permit
+by its number (as stored, from 0). A permit is named by its key and its number
 (``?key=&permit=``), never by its stored name: the key is validated as any
 key, which refuses the separator the stored name holds. Its release is logged
 with ``object_repr`` ``"<key> (permit <n>)"`` and ``object_id`` the permit's
@@ -78,7 +78,7 @@ def _group(held: display.Held) -> dict[str, Any]:
     return {
         "key": held.key,
         "limited": held.limited,
-        "permits_held": display.permits_held(len(held.permits)),
+        "permits_held": display.permits_held(len(held.permits), held.limit),
         "rows": [_row(lock) for lock in held.locks],
     }
 
@@ -92,12 +92,12 @@ def _permit(value: str) -> int | None:
     return int(value)
 
 
-def _permits(backend: Any, key: str) -> list[int]:
-    """The numbers of the permits of ``key`` held now (none for a mutex or a free key)."""
+def _permits(backend: Any, key: str) -> display.Held | None:
+    """The permits of ``key`` held now; None for a mutex or a free key."""
     if not backend.capabilities.permits:
-        return []  # none to look for (and Redis would list by a scan of every key)
+        return None  # none to look for (and Redis would list by a scan of every key)
     held = [held for held in display.by_key(backend.list()) if held.key == key]
-    return held[0].permits if held else []
+    return held[0] if held and held[0].limited else None
 
 
 @admin.register(CacheEntry)
@@ -215,7 +215,7 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 shown = None if ended is not None else backend.peek(name)
             else:
                 ended, shown = None, backend.peek(name)
-            permits = [] if ended or shown or permit is not None else _permits(backend, key)
+            permits = None if ended or shown or permit is not None else _permits(backend, key)
         except Exception as exc:
             logger.warning("Force release from the admin failed.", exc_info=True)
             messages.error(request, f"The lock backend failed: {type(exc).__name__}: {exc}")
@@ -227,10 +227,11 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             )
             return back
         if permits:  # a link without its permit: which one is for the operator to say
-            numbers = ", ".join(str(n) for n in permits)
+            numbers = ", ".join(str(n) for n in permits.permits)
+            held = display.permits_held(len(permits.permits), permits.limit)
             messages.warning(
                 request,
-                f"{what} is held as permits, {display.permits_held(len(permits))} (number "
+                f"{what} is held as permits, {held} (number "
                 f"{numbers}): release one of them from the list. Nothing was released.",
             )
             return back

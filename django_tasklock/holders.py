@@ -96,3 +96,6 @@ class HeldLock:
     #: this lease's name (:func:`lease_id` of its token): another holder's lease
     #: of the same key has another
     lease: str = ""
+    #: a permit's (``key`` names one, see ``permit_key``): the limit its key's
+    #: permits were taken with; None for a mutex's lease
+    limit: int | None = None

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 
 from django_tasklock.backends.base import (
+    PERMIT_SEPARATOR,
     STALE_AFTER,
     BaseBackend,
     Capabilities,
@@ -236,4 +237,5 @@ class MemoryBackend(BaseBackend):
             expires_at=wall + timedelta(seconds=lease.expires - now),
             seconds_left=lease.expires - now,
             lease=lease_id(lease.token),
+            limit=lease.limit if PERMIT_SEPARATOR in key else None,
         )

@@ -60,8 +60,7 @@ def key(lock: HeldLock) -> str:
 def permit(lock: HeldLock) -> int | None:
     """A permit's number (as stored: from 0), or None for a mutex's lease.
 
-    The limit its key was taken with is not in :class:`HeldLock`: operators are
-    shown how many permits are held, and their numbers, never "N of limit".
+    The limit its key was taken with is :attr:`HeldLock.limit`.
     """
     return limited_key(lock.key)[1]
 
@@ -88,6 +87,11 @@ class Held:
         return [n for lock in self.locks if (n := permit(lock)) is not None]
 
     @property
+    def limit(self) -> int | None:
+        """The limit the permits were taken with, as the storage read it (None: a mutex)."""
+        return max((lock.limit for lock in self.locks if lock.limit is not None), default=None)
+
+    @property
     def limited(self) -> bool:
         """Whether the key is held as permits (of a ``limit=N`` key), not as a mutex."""
         return bool(self.permits)
@@ -109,8 +113,10 @@ def by_key(locks: list[HeldLock]) -> list[Held]:
     ]
 
 
-def permits_held(count: int) -> str:
-    """``1 permit held``, ``3 permits held``."""
+def permits_held(count: int, limit: int | None = None) -> str:
+    """``2 of 3 permits held``; without the limit, ``1 permit held``, ``3 permits held``."""
+    if limit is not None:
+        return f"{count} of {limit} permits held"
     return f"{count} permit held" if count == 1 else f"{count} permits held"
 
 
@@ -119,11 +125,13 @@ def as_json(lock: HeldLock) -> dict[str, Any]:
 
     ``holder_gone``: :func:`gone` (null when it cannot be told from here).
     ``key`` is the caller's key, a permit's too; ``permit`` the permit's
-    number (:func:`permit`), null for a mutex's lease.
+    number (:func:`permit`) and ``limit`` its key's limit, both null for a
+    mutex's lease.
     """
     row: dict[str, Any] = {
         "key": key(lock),
         "permit": permit(lock),
+        "limit": lock.limit,
         "host": lock.holder.host,
         "pid": lock.holder.pid,
         "acquired_at": utc(lock.acquired_at).isoformat(),

@@ -76,6 +76,9 @@ class PermitCases:
             held = backend.peek(name)
             assert held is not None
             assert held.key == name
+            assert held.limit == 3  # what operators are shown: "n of 3"
+        listed = [lock for lock in backend.list() if limited_key(lock.key)[0] == key]
+        assert sorted((lock.key, lock.limit) for lock in listed) == [(n, 3) for n in sorted(taken)]
         # One released: the fourth gets exactly that one, nobody gets a fourth.
         assert backend.release(taken[1], tokens[1])
         assert take(backend, key, tokens[3], 3) == (taken[1])
@@ -249,6 +252,9 @@ class PermitCases:
         # Nothing of limit 3 held now: another limit is served.
         mutex = new_token()
         assert backend.acquire(key, mutex, ttl=LONG, max_lifetime=LIFE)
+        seen = backend.peek(key)
+        assert seen is not None
+        assert seen.limit is None  # a mutex's lease
         with pytest.raises(LimitMismatch) as refused:
             take(backend, key, new_token(), 2)
         assert (refused.value.held, refused.value.asked) == (1, 2)

@@ -487,7 +487,7 @@ def test_permits_are_listed_under_their_key_and_one_is_released(
     assert "%1f" not in html.lower()
     rows = re.findall(r'<tr class="(task-lock[^"]*)">(.*?)</tr>', html, re.DOTALL)
     assert [(kind, cells(row)[:3]) for kind, row in rows] == [
-        ("task-lock-permits", [limited, "2 permits held"]),
+        ("task-lock-permits", [limited, "2 of 3 permits held"]),
         ("task-lock task-lock-permit", ["permit 0", "worker-0.example", "1000"]),
         ("task-lock task-lock-permit", ["permit 2", "worker-2.example", "1002"]),
         ("task-lock", [f"{key}:a", "worker-7.example", "4242"]),  # "<" sorts before "a"
@@ -538,7 +538,7 @@ def test_a_link_to_a_limited_key_without_its_permit_names_them(
             RELEASE_URL, {"key": key, "lease": "0123456789ab"}, follow=True
         )
         assert texts(response) == [
-            f"{key!r} is held as permits, 2 permits held (number 0, 2): release one of them "
+            f"{key!r} is held as permits, 2 of 3 permits held (number 0, 2): release one of them "
             "from the list. Nothing was released."
         ]
     assert permits.peek(permit_key(key, 0)) is not None

@@ -217,7 +217,7 @@ def test_force_release_one_permit_in_the_browser(browser: Any, live_server: Any)
     tokens = [f"worker-{n}.example:100{n}:secret-{n}" for n in range(2)]
     for token in tokens:
         assert backend.acquire_permit(
-            LIMITED, token, limit=2, ttl=timedelta(minutes=15), max_lifetime=timedelta(hours=1)
+            LIMITED, token, limit=3, ttl=timedelta(minutes=15), max_lifetime=timedelta(hours=1)
         )
     backend.acquire(
         "rebuild-rollups", new_token(), ttl=timedelta(minutes=15), max_lifetime=timedelta(hours=1)
@@ -237,7 +237,7 @@ def test_force_release_one_permit_in_the_browser(browser: Any, live_server: Any)
         ]
 
     assert rows() == [
-        [LIMITED, "2 permits held"],
+        [LIMITED, "2 of 3 permits held"],
         ["permit 0", "worker-0.example", "1000"],
         ["permit 1", "worker-1.example", "1001"],
         ["rebuild-rollups", socket.gethostname(), str(os.getpid())],
@@ -261,7 +261,7 @@ def test_force_release_one_permit_in_the_browser(browser: Any, live_server: Any)
         f"Released permit 1 of '{LIMITED}' (was held by worker-1.example:1001, lease "
     )
     assert rows() == [
-        [LIMITED, "1 permit held"],
+        [LIMITED, "1 of 3 permits held"],
         ["permit 0", "worker-0.example", "1000"],
         ["rebuild-rollups", socket.gethostname(), str(os.getpid())],
     ]

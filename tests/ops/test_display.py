@@ -132,3 +132,4 @@ def test_a_limited_keys_permits_are_one_key_in_their_numbers_order() -> None:
     assert display.named("b", 2) == "permit 2 of 'b'"
     assert display.named("b", None) == "'b'"
     assert display.permits_held(1) == "1 permit held"
+    assert display.permits_held(2, 3) == "2 of 3 permits held"

@@ -744,7 +744,7 @@ def test_list_shows_a_limited_key_once_with_its_permits(permits: BaseBackend, ke
 
     assert [line.split()[:4] for line in lines[1:]] == [
         [f"{key}:a", "worker-7.example", "4242", lines[1].split()[3]],
-        [f"{key}:reports", "2", "permits", "held"],
+        [f"{key}:reports", "2", "of", "3"],
         ["permit", "0", "worker-0.example", "1000"],
         ["permit", "2", "worker-2.example", "1002"],
     ]
@@ -757,7 +757,7 @@ def test_list_shows_a_limited_key_once_with_its_permits(permits: BaseBackend, ke
     assert lines[1].index("worker-7") == lines[3].index("worker-0") == lines[4].index("worker-2")
 
 
-def test_list_json_gives_the_callers_key_and_the_permits_number(
+def test_list_json_gives_the_callers_key_the_permits_number_and_its_limit(
     permits: BaseBackend, key: str
 ) -> None:
     hold(permits, f"{key}:a", "worker-7.example:4242:secret-part")
@@ -765,10 +765,10 @@ def test_list_json_gives_the_callers_key_and_the_permits_number(
 
     rows = json.loads(run("list", "--json", "--prefix", key))
 
-    assert [(row["key"], row["permit"], row["host"]) for row in rows] == [
-        (f"{key}:a", None, "worker-7.example"),
-        (f"{key}:reports", 0, "worker-0.example"),
-        (f"{key}:reports", 2, "worker-2.example"),
+    assert [(row["key"], row["permit"], row["limit"], row["host"]) for row in rows] == [
+        (f"{key}:a", None, None, "worker-7.example"),
+        (f"{key}:reports", 0, 3, "worker-0.example"),
+        (f"{key}:reports", 2, 3, "worker-2.example"),
     ]
 
 
@@ -836,7 +836,7 @@ def test_release_of_a_limited_key_without_permit_names_them_and_releases_nothing
         run("release", key, *options)
 
     assert str(info.value) == (
-        f"{key!r} is held as permits, 2 permits held (number 0, 2): "
+        f"{key!r} is held as permits, 2 of 3 permits held (number 0, 2): "
         "name one with --permit N. Nothing was released."
     )
     assert [held.key for held in permits.list() if held.key.startswith(key)] == [
@@ -850,7 +850,7 @@ def test_release_of_a_permit_not_held(permits: BaseBackend, key: str) -> None:
     with pytest.raises(CommandError) as info:
         run("release", key, "--permit", "1", "--noinput")
     assert str(info.value) == (
-        f"permit 1 of {key!r} is not held; of the key, 2 permits held (number 0, 2)."
+        f"permit 1 of {key!r} is not held; of the key, 2 of 3 permits held (number 0, 2)."
     )
     # "Release it if it is held": it is not.
     assert run("release", key, "--permit", "1", "--missing-ok") == (

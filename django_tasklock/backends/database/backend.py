@@ -21,6 +21,7 @@ could delete a lease taken over in between.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import timedelta
@@ -31,12 +32,14 @@ from django.db.models import F
 from django.db.models.functions import Least
 
 from django_tasklock.backends.base import (
+    PERMIT_SEPARATOR,
     BaseBackend,
     Capabilities,
     HeldLock,
     Refresh,
     Released,
     check_limited_key,
+    limited_key,
     storage_key,
 )
 from django_tasklock.backends.database import rows as db_rows
@@ -304,18 +307,32 @@ class DatabaseBackend(BaseBackend):
     @names_missing_table
     @retry_when_busy
     def peek(self, key: str) -> HeldLock | None:
+        """One SELECT; a permit's, two: its row and its key's anchor (the limit)."""
         with alias_for_reading(self.using) as alias:
             found = self._peek_statement(alias).run(alias, storage_key(key))
-        if found is None or anchor_limit(found[1]) is not None:  # an anchor is no lease
-            return None
-        return db_rows.held_values(*found)
+            if found is None or anchor_limit(found[1]) is not None:  # an anchor is no lease
+                return None
+            held = db_rows.held_values(*found)
+            if PERMIT_SEPARATOR not in key:
+                return held
+            anchor = self._peek_statement(alias).run(alias, storage_key(limited_key(key)[0]))
+        limit = None if anchor is None else anchor_limit(anchor[1])
+        return dataclasses.replace(held, limit=limit)
 
     @names_missing_table
     @retry_when_busy
     def list(self) -> list[HeldLock]:
+        """One SELECT of the live rows; an anchor is no lease, but gives its permits' limit."""
         with alias_for_reading(self.using) as alias:
-            rows = db_rows.live(self._model(), alias).exclude(is_anchor()).order_by("key")
-            return [db_rows.held(row) for row in rows]
+            rows = list(db_rows.live(self._model(), alias).order_by("key"))
+        limits = {row.key: limit for row in rows if (limit := anchor_limit(row.value)) is not None}
+        held = [db_rows.held(row) for row in rows if row.key not in limits]
+        return [
+            dataclasses.replace(lock, limit=limits.get(storage_key(limited_key(lock.key)[0])))
+            if PERMIT_SEPARATOR in lock.key
+            else lock
+            for lock in held
+        ]
 
     @names_missing_table
     @retry_when_busy

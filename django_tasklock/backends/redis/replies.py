@@ -26,7 +26,8 @@ def held_lock(key: str, reply: Any) -> HeldLock | None:
     """The lease the ``inspect`` script read at ``key``, or None when it found none."""
     if not reply:
         return None
-    token, acquired_ms, pttl, now_ms = text(reply[0]), *map(int, reply[1:])
+    token, acquired_ms, pttl, now_ms = text(reply[0]), *map(int, reply[1:4])
+    limit = int(reply[4]) if len(reply) > 4 else None  # a permit's: its key's limit
     now = _EPOCH + timedelta(milliseconds=now_ms)
     holder = Holder.from_token(token)
     if not 0 <= acquired_ms <= now_ms + _STALE_MS:
@@ -41,6 +42,7 @@ def held_lock(key: str, reply: Any) -> HeldLock | None:
         expires_at=now + timedelta(milliseconds=pttl),
         seconds_left=pttl / 1000,
         lease=lease_id(token),
+        limit=limit,
     )
 
 
@@ -48,11 +50,11 @@ def permits_held(key: str, reply: Any) -> list[HeldLock]:
     """The live permits of the limited key ``key`` that the ``permits`` script read."""
     if not reply:
         return []
-    now, *rest = reply
+    now, limit, *rest = reply
     held = []
     fields = (rest[0::4], rest[1::4], rest[2::4], rest[3::4])
     for n, token, acquired, left in zip(*fields, strict=True):
-        found = held_lock(permit_key(key, int(n)), [token, acquired, left, now])
+        found = held_lock(permit_key(key, int(n)), [token, acquired, left, now, limit])
         if found is not None:
             held.append(found)
     return held

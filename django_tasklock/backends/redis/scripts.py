@@ -411,15 +411,17 @@ end
 return fence
 """,
     # ARGV: stale_ms, and for a permit its number. nil if free, else {token,
-    # acquired_ms, pttl, now_ms}; a value not written here gives itself as the
-    # token and the time of reading. A limited key asked for by itself: nil.
+    # acquired_ms, pttl, now_ms} (a permit's: its ms left, and its key's limit
+    # after them); a value not written here gives itself as the token and the
+    # time of reading. A limited key asked for by itself: nil.
     "inspect": """
 local now = now_ms()
 local value = redis.pcall('GET', KEYS[1])
 if is_permits(value, KEYS[1]) then
-  local permit = permits_of(KEYS[1], now)[ARGV[2] or '']
+  local live, _, limit = permits_of(KEYS[1], now)
+  local permit = live[ARGV[2] or '']
   if not permit then return nil end
-  return {permit[1], permit[2], permit[3] - now, now}
+  return {permit[1], permit[2], permit[3] - now, now, limit}
 end
 if ARGV[2] then return nil end
 if value == false or is_free(KEYS[1], now, tonumber(ARGV[1])) then
@@ -548,13 +550,14 @@ redis.call('HSET', KEYS[1], LIMIT, ARGV[3], chosen, lease)
 tidy(KEYS[1], now)
 return tonumber(chosen) + 1
 """,
-    # The live permits of a limited key: {now_ms, number, token, acquired_ms,
-    # ms_left, number, token...}; {} at any other key. For ``list``.
+    # The live permits of a limited key: {now_ms, limit, number, token,
+    # acquired_ms, ms_left, number, token...}; {} at any other key. For ``list``.
     "permits": """
 local now = now_ms()
 if not is_permits(redis.pcall('GET', KEYS[1]), KEYS[1]) then return {} end
-local out = {now}
-for field, permit in pairs(permits_of(KEYS[1], now)) do
+local live, _, limit = permits_of(KEYS[1], now)
+local out = {now, limit}
+for field, permit in pairs(live) do
   out[#out + 1] = field
   out[#out + 1] = permit[1]
   out[#out + 1] = permit[2]

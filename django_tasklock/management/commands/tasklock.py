@@ -287,7 +287,7 @@ class Command(BaseCommand):
         if held is None:
             return None
         numbers = ", ".join(str(n) for n in held.permits)
-        return f"{display.permits_held(len(held.permits))} (number {numbers})"
+        return f"{display.permits_held(len(held.permits), held.limit)} (number {numbers})"
 
     def _not_released(self, what: str, shown: HeldLock, now: HeldLock | None) -> str:
         """Why the lease shown was not released: it ended, or the key changed hands."""
@@ -328,7 +328,7 @@ class Command(BaseCommand):
             if not held.limited:
                 rows += [self._row(key, lock, fenced) for lock in held.locks]
                 continue
-            held_count = display.permits_held(len(held.permits))
+            held_count = display.permits_held(len(held.permits), held.limit)
             rows.append((key, f"{held_count} (release one with --permit N)"))
             for lock in held.locks:
                 number = display.permit(lock)
