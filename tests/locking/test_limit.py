@@ -472,3 +472,71 @@ def test_every_call_for_a_held_permit_names_the_permit() -> None:
     assert backend.calls[0] == ("acquire_permit", "k")
     assert {what for what, _ in backend.calls[1:]} == {"refresh", "release_outcome"}
     assert {called for _, called in backend.calls[1:]} == {name}
+
+
+def test_min_hold_keeps_that_permit_held_after_the_release(
+    service: TaskLockService, backend: BaseBackend, key: str
+) -> None:
+    first = service.lock(key, limit=2, min_hold=timedelta(minutes=5))
+    first.acquire()
+    first.release()
+    assert not first.lost
+    assert backend.peek(permit_key(key, first.permit or 0)) is not None  # kept by the storage
+    second = service.lock(key, limit=2)
+    assert second.try_acquire()  # the other permit
+    assert second.permit != first.permit
+    assert not service.lock(key, limit=2).try_acquire()
+    second.release()
+    backend.force_release(permit_key(key, first.permit or 0))
+
+
+def test_skipped_work_says_all_permits_were_held(caplog: pytest.LogCaptureFixture) -> None:
+    backend = Recording()
+    service = TaskLockService(backend)
+    with service.lock("k", limit=2), service.lock("k", limit=2):
+        backend.calls.clear()
+        with caplog.at_level("INFO", logger="django_tasklock"):
+            assert not service.run_exclusive("k", lambda: None, limit=2).acquired
+        assert backend.calls == [("acquire_permit", "k")]  # no peek of the key: it has no lease
+    assert "all 2 permits of task lock 'k' were held" in caplog.text
+
+
+def test_an_async_function_under_a_limit() -> None:
+    backend = MemoryBackend()
+    service = TaskLockService(backend)
+    permits: list[int | None] = []
+
+    @exclusive("export:{tenant_id}", limit=2, service=service)
+    async def export(tenant_id: int) -> str:
+        from django_tasklock import current_lock
+
+        held = current_lock()
+        assert held is not None
+        permits.append(held.permit)
+        return "ran"
+
+    async def main() -> list[str | None]:
+        holder = service.lock("export:7", limit=2)
+        await holder.aacquire()
+        ran = await export(7)
+        other = service.lock("export:7", limit=2)
+        await other.aacquire()
+        skipped = await export(7)
+        await other.arelease()
+        await holder.arelease()
+        return [ran, skipped]
+
+    assert asyncio.run(main()) == ["ran", None]
+    assert permits == [1]
+
+
+def test_leadership_and_unique_claims_take_no_limit() -> None:
+    from django_tasklock import Leadership
+    from django_tasklock.api.unique import ClaimedLock
+
+    backend = Recording()
+    with pytest.raises(TypeError, match="limit"):
+        Leadership("leader", limit=2, backend=backend)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="limit"):
+        ClaimedLock("unique", "token", ttl=5, limit=2, backend=backend)
+    assert backend.calls == []
