@@ -195,8 +195,8 @@ class AsyncLockMethods(loss.ActsOnLoss):
     def _watch(self, backend: BaseBackend, watching: contextlib.ExitStack) -> Watch:
         """The backend's watch of the key for this wait; one never ready if it fails.
 
-        None for a ``limit=N`` key: a permit's release is told under the
-        permit's name, not the key's, so its waiters poll (at the shorter pause).
+        One never ready for a ``limit=N`` key: a permit's release is told under
+        the permit's name, not the key's, so its waiters poll (at the shorter pause).
         """
         if self.limit > 1:
             return Watch(None, self.key)
@@ -410,8 +410,14 @@ class Lock(AsyncLockMethods):
     While held: ``holder`` is who holds it (this host and pid), ``lost``
     turns True if the lease is lost (expired, taken over, force-released,
     ``max_lifetime`` passed), and ``fence`` is the grant's fencing token when
-    ``fencing=True``. Acting on a loss: ``raise_if_lost()``, ``lost_event``,
-    ``wait_lost()``, ``progress()`` (see :class:`~django_tasklock.locking.loss.ActsOnLoss`),
+    ``fencing=True``. With ``limit=N`` (2 or more) up to N holders hold the
+    key at once, each one of its permits (``permit``: which one), a lease of
+    its own whose every storage call names the permit; a backend without
+    ``capabilities.permits`` raises ``NotImplementedError`` before any write.
+    ``limit=1`` (the default) makes exactly a mutex's storage calls.
+
+    Acting on a loss: ``raise_if_lost()``, ``lost_event``, ``wait_lost()``,
+    ``progress()`` (see :class:`~django_tasklock.locking.loss.ActsOnLoss`),
     and ``cancel_on_loss=True`` for ``async with``.
     """
 
