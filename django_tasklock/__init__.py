@@ -16,6 +16,7 @@ from django_tasklock.api.sigterm import release_on_sigterm
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.exceptions import (
     AlreadyEnqueued,
+    LimitMismatch,
     LockLost,
     LockNotAcquired,
     ReplicationNotConfirmed,
@@ -39,6 +40,7 @@ __all__ = [
     "HeldLock",
     "Holder",
     "Leadership",
+    "LimitMismatch",
     "Lock",
     "LockKwargs",
     "LockLost",

@@ -118,13 +118,15 @@ def exclusive(
     returns ``on_locked(*args, **kwargs)``'s value when given (awaited if it
     is awaitable, in an ``async def``); else, for a Django view (a call with
     an ``HttpRequest`` argument), a ``409 Conflict`` plain-text response;
-    else ``None``.
+    else ``None``. With ``limit=N`` (``@exclusive("export:{tenant_id}",
+    limit=3)``), up to N calls per rendered key run at once, each under one
+    of its permits, and a call finding all N held is skipped the same way.
 
     ``async def`` functions get an ``async def`` wrapper (decided now, not
     per call); the wrapper keeps the function's name, docstring, signature
     and ``__wrapped__``. Lock options (``ttl``, ``refresh_interval``,
     ``max_lifetime``, ``wait``, ``min_hold``, ``fencing``,
-    ``progress_timeout``, ``name``) are those of ``TaskLockService.lock``
+    ``progress_timeout``, ``limit``, ``name``) are those of ``TaskLockService.lock``
     (``name`` defaults to the key template, or the function's dotted name for a
     key function: telemetry never reports a rendered key): an unknown
     one is a ``TypeError`` now, bad values a ``TypeError`` or ``ValueError``

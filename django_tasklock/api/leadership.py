@@ -52,6 +52,9 @@ class Leadership:
             one read while it is held).
         backend: the storage (default: ``TASKLOCK_BACKEND``).
 
+    One leader at a time: a leadership takes no ``limit`` (a ``TypeError``, as
+    any unknown keyword), since N leaders would be no leadership.
+
     A term lasts at most 24 hours (the longest ``max_lifetime``): shortly
     before, the leader lets go and takes the key again at once, keeping
     :attr:`leader_since`, unless a standby was quicker.

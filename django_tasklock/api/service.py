@@ -45,12 +45,15 @@ class LockResult(Generic[T]):
     ``lost``: the lease was lost (expired, taken over, force-released) while ``fn`` ran.
     ``fence``: with ``fencing=True``, the grant's fencing token (strictly increasing
     per key); else None.
+    ``permit``: with ``limit`` of 2 or more, which of the key's permits the call
+    held (from 0); else None.
     """
 
     acquired: bool
     result: T | None = None
     lost: bool = False
     fence: int | None = None
+    permit: int | None = None
 
 
 class TaskLockService:
@@ -105,6 +108,11 @@ class TaskLockService:
             min_hold: when ``fn`` ends sooner, the key stays held until acquisition
                 + ``min_hold`` (at most ``max_lifetime``), kept by the storage.
             fencing: give the grant a fencing token (``LockResult.fence``).
+            limit: let up to this many callers hold ``key`` at once (default 1, at
+                most 100), each one of its permits (``LockResult.permit``); every caller
+                of the key must give the same (else ``LimitMismatch``). Needs a backend
+                with ``capabilities.permits`` (memory, database), else
+                ``NotImplementedError`` before anything is written.
             progress_timeout: extend the lease only while ``fn`` calls
                 ``current_lock().progress()`` within this long (default: no such condition).
             name: what telemetry calls this lock (``tasklock.name``), e.g. ``"invoice"``
@@ -158,7 +166,9 @@ class TaskLockService:
             if on_locked is not None:
                 refuse_coroutine("on_locked", on_locked(), advice=_ASYNC_ADVICE)
             return LockResult(acquired=False)
-        return LockResult(acquired=True, result=result, lost=lock.lost, fence=lock.fence)
+        return LockResult(
+            acquired=True, result=result, lost=lock.lost, fence=lock.fence, permit=lock.permit
+        )
 
     async def arun_exclusive(
         self,
@@ -201,7 +211,9 @@ class TaskLockService:
                 if inspect.isawaitable(outcome):
                     await outcome
             return LockResult(acquired=False)
-        return LockResult(acquired=True, result=result, lost=lock.lost, fence=lock.fence)
+        return LockResult(
+            acquired=True, result=result, lost=lock.lost, fence=lock.fence, permit=lock.permit
+        )
 
 
 def _name(fn: object) -> str:

@@ -4,6 +4,7 @@ A Celery task skipped by ``@exclusive`` returns None, as does one that ran
 and returned None: without this, the two look the same in the worker's log.
 The holder comes from the last look the failed acquisition took at the key
 (a waiter's ``peek``), or else from one ``peek`` here, only on this path.
+A ``limit=N`` key's holders are not read: all its permits were held.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ def report_skipped(lock: Lock, what: str) -> HeldLock | None:
     receiver's exception is logged, never raised, as for the other signals.
     """
     held = lock.seen
-    if held is None:
+    if held is None and lock.limit == 1:
         try:
             held = lock.backend.peek(lock.key)
         except Exception:
             logger.debug("Reading the holder of %r failed.", lock.key, exc_info=True)
-    _log(lock.key, what, held)
+    _log(lock.key, what, held, lock.limit)
     if observe.observer is not None:
         observe.observer.skipped(lock)
     for receiver, outcome in lock_skipped.send_robust(
@@ -56,7 +57,10 @@ def report_skipped(lock: Lock, what: str) -> HeldLock | None:
     return held
 
 
-def _log(key: str, what: str, held: HeldLock | None) -> None:
+def _log(key: str, what: str, held: HeldLock | None, limit: int) -> None:
+    if limit > 1:
+        logger.info("Skipped %s: all %s permits of task lock %r were held.", what, limit, key)
+        return
     if held is None:
         logger.info("Skipped %s: task lock %r was held (its holder has let go since).", what, key)
         return

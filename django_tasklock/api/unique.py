@@ -98,10 +98,13 @@ class ClaimedLock(Lock):
     with nobody else taking the key), and extends it to ``ttl`` from now at
     once; it fails when an identical task enqueued since holds the key.
     From then on it is a :class:`Lock` like any other: kept alive by the
-    heartbeat, released when the task ends.
+    heartbeat, released when the task ends. A claim is one task's per key:
+    ``limit`` is refused (``TypeError``), as ``claim()`` takes none.
     """
 
     def __init__(self, key: str, token: str, *, ttl: Duration, **options: object) -> None:
+        if "limit" in options:
+            raise TypeError("a unique task's claim takes no limit: one task per key")
         super().__init__(key, ttl=ttl, **options)  # type: ignore[arg-type]
         self._claim = token
 

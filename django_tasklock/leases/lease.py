@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from django_tasklock import notifier
+from django_tasklock.backends.base import limited_key
 from django_tasklock.leases.tokens import new_token as new_token
 from django_tasklock.leases.tokens import this_pid
 from django_tasklock.reasons import EXPIRED, MAX_LIFETIME, RELEASED_BY_OPERATOR, TAKEN
@@ -103,7 +104,13 @@ class Lease:
         ``progress_timeout``: see :meth:`stalled`.
         """
         self.backend = backend
+        #: The caller's key: what signals, logs and telemetry name.
         self.key = key
+        #: What the storage knows the lease by, in every call made for it
+        #: (refresh, release, peek, fence): the key itself, or for one of a
+        #: ``limit=N`` key's permits, the permit's name (``permit_key``). Set by
+        #: the grant, before the lease is shared with the heartbeat.
+        self.stored_as = key
         self.token = token
         self.holder = holder
         self.options = options
@@ -144,6 +151,11 @@ class Lease:
         )
         self._stalled = False
         self._lost_lock = threading.Lock()
+
+    @property
+    def permit(self) -> int | None:
+        """Which of a ``limit=N`` key's permits this is (from 0), or None for a mutex's lease."""
+        return None if self.stored_as == self.key else limited_key(self.stored_as)[1]
 
     def cap(self, deadline: float) -> None:
         """Bring :attr:`deadline` (the ``max_lifetime`` one) forward to ``deadline``, if earlier.
@@ -239,7 +251,7 @@ class Lease:
         before the local deadline, is ``"released_by_operator"``.
         """
         try:
-            held = self.backend.peek(self.key)
+            held = self.backend.peek(self.stored_as)
         except Exception:
             return TAKEN
         return TAKEN if held is not None else RELEASED_BY_OPERATOR

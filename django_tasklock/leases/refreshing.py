@@ -207,7 +207,9 @@ class BatchRefresher:
         last = self._batches.get(id(backend))
         if last is not None and last[0] == live:  # Lease compares by identity
             return last[1]
-        items = tuple(Refresh(x.key, x.token, x.options.ttl, x.options.max_lifetime) for x in live)
+        items = tuple(
+            Refresh(x.stored_as, x.token, x.options.ttl, x.options.max_lifetime) for x in live
+        )
         self._batches[id(backend)] = (live, items)
         return items
 

@@ -6,7 +6,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from django_tasklock import notifier
-from django_tasklock.backends.base import BaseBackend, Released
+from django_tasklock.backends.base import BaseBackend, Released, permit_key
 from django_tasklock.leases.lease import clock
 from django_tasklock.signals import lock_released
 
@@ -26,9 +26,9 @@ def send_release(lease: Lease, min_hold: timedelta | None) -> None:
     sent_at = clock()
     try:
         if min_hold is None:
-            found = lease.backend.release_outcome(lease.key, lease.token)
+            found = lease.backend.release_outcome(lease.stored_as, lease.token)
         else:
-            found = lease.backend.release_outcome(lease.key, lease.token, min_hold=min_hold)
+            found = lease.backend.release_outcome(lease.stored_as, lease.token, min_hold=min_hold)
     except Exception:
         # Possibly on the heartbeat's thread (a rollback found by it): logged there
         # through the notifier, like the signals below.
@@ -59,3 +59,26 @@ def discard(backend: BaseBackend, key: str, token: str) -> None:
         backend.release(key, token)
     except Exception:
         logger.debug("Releasing %r after an unfinished acquisition failed.", key, exc_info=True)
+
+
+def discard_permit(backend: BaseBackend, key: str, token: str, limit: int) -> None:
+    """Delete the permit of ``key`` that ``token`` may have been granted, name unknown.
+
+    A request for a permit that raised (interrupted, its reply lost) may have
+    taken any of the ``limit`` permits: each is released by the token in
+    turn, until one is (a token holds at most one permit of a key, and a
+    release by a token that holds nothing deletes nothing). If that fails,
+    the permit expires by itself.
+    """
+    for slot in range(limit):
+        name = permit_key(key, slot)
+        try:
+            if backend.release(name, token):
+                return
+        except Exception:
+            logger.debug(
+                "Releasing the permits of %r after an unfinished acquisition failed.",
+                key,
+                exc_info=True,
+            )
+            return

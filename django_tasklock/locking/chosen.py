@@ -20,6 +20,7 @@ from django.core.signals import setting_changed
 from django_tasklock.locking.options import (
     LockOptions,
     validate_flag,
+    validate_limit,
     validate_min_hold,
     validate_name,
     validate_progress_timeout,
@@ -37,6 +38,7 @@ class Chosen(NamedTuple):
     fencing: bool
     cancel_on_loss: bool
     progress_timeout: timedelta | None
+    limit: int
 
 
 def remembered(options: Mapping[str, Any]) -> Chosen | None:
@@ -67,6 +69,7 @@ def choose(options: Mapping[str, Any]) -> Chosen:
         fencing=validate_flag("fencing", options.get("fencing", False)),
         cancel_on_loss=validate_flag("cancel_on_loss", options.get("cancel_on_loss", False)),
         progress_timeout=validate_progress_timeout(options.get("progress_timeout")),
+        limit=validate_limit(options.get("limit", 1)),
     )
     try:
         cache_key = (tuple(options.items()), tuple(map(type, options.values())))

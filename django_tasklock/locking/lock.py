@@ -29,16 +29,21 @@ from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock, Holder
 from django_tasklock.backends.forksafe import ForkSafeLock
 from django_tasklock.backends.listening import Watch
-from django_tasklock.exceptions import LockLost, LockNotAcquired
+from django_tasklock.exceptions import LimitMismatch, LockLost, LockNotAcquired
 from django_tasklock.leases import observe
 from django_tasklock.leases.heartbeat import heartbeat
 from django_tasklock.leases.lease import Lease, clock
-from django_tasklock.leases.releasing import discard, send_release
+from django_tasklock.leases.releasing import discard, discard_permit, send_release
 from django_tasklock.leases.tokens import new_token, this_pid, this_process
 from django_tasklock.locking import loss, wakeups
 from django_tasklock.locking.aio import keep, off_loop, refuse_event_loop
 from django_tasklock.locking.chosen import choose, remembered
-from django_tasklock.locking.options import LockOptions, check_lock_kwargs, validate_key
+from django_tasklock.locking.options import (
+    LockOptions,
+    check_lock_kwargs,
+    validate_key,
+    validate_limited_key,
+)
 from django_tasklock.locking.transactions import release_after_transactions
 from django_tasklock.locking.waiting import Backoff
 from django_tasklock.processes import holder_gone
@@ -176,6 +181,7 @@ class AsyncLockMethods(loss.ActsOnLoss):
 
     wait: timedelta
     fence: int | None
+    limit: int
     #: The async attempt under way in this lock's thread (None: a sync acquisition).
     _attempt: Attempt | None = None
     _acquirer: Acquirer | None
@@ -187,7 +193,13 @@ class AsyncLockMethods(loss.ActsOnLoss):
         wakeups.released(self.key)
 
     def _watch(self, backend: BaseBackend, watching: contextlib.ExitStack) -> Watch:
-        """The backend's watch of the key for this wait; one never ready if it fails."""
+        """The backend's watch of the key for this wait; one never ready if it fails.
+
+        One never ready for a ``limit=N`` key: a permit's release is told under
+        the permit's name, not the key's, so its waiters poll (at the shorter pause).
+        """
+        if self.limit > 1:
+            return Watch(None, self.key)
         try:
             return watching.enter_context(backend.watch(self.key, self._woken))
         except Exception:
@@ -278,7 +290,7 @@ class AsyncLockMethods(loss.ActsOnLoss):
                 raise
             if acquired:
                 return True
-            if seconds_left is None and waited:  # as in _take
+            if seconds_left is None and waited and self.limit == 1:  # as in _take
                 seconds_left = 0.0
             pause = backoff.next_pause(seconds_left, told=told)
             if pause is None:
@@ -398,8 +410,14 @@ class Lock(AsyncLockMethods):
     While held: ``holder`` is who holds it (this host and pid), ``lost``
     turns True if the lease is lost (expired, taken over, force-released,
     ``max_lifetime`` passed), and ``fence`` is the grant's fencing token when
-    ``fencing=True``. Acting on a loss: ``raise_if_lost()``, ``lost_event``,
-    ``wait_lost()``, ``progress()`` (see :class:`~django_tasklock.locking.loss.ActsOnLoss`),
+    ``fencing=True``. With ``limit=N`` (2 or more) up to N holders hold the
+    key at once, each one of its permits (``permit``: which one), a lease of
+    its own whose every storage call names the permit; a backend without
+    ``capabilities.permits`` raises ``NotImplementedError`` before any write.
+    ``limit=1`` (the default) makes exactly a mutex's storage calls.
+
+    Acting on a loss: ``raise_if_lost()``, ``lost_event``, ``wait_lost()``,
+    ``progress()`` (see :class:`~django_tasklock.locking.loss.ActsOnLoss`),
     and ``cancel_on_loss=True`` for ``async with``.
     """
 
@@ -413,6 +431,9 @@ class Lock(AsyncLockMethods):
             chosen = choose(options)
         else:
             self.key = validate_key(key)
+        #: At most this many holders of the key at once (``limit=``; 1: a mutex).
+        self.limit = chosen.limit
+        validate_limited_key(self.key, self.limit)
         #: What telemetry calls this lock (``name=``; ``@exclusive``: its key template).
         self.name = chosen.name
         self.options: LockOptions = chosen.options
@@ -451,6 +472,12 @@ class Lock(AsyncLockMethods):
     def holder(self) -> Holder | None:
         """This host and pid once acquired (kept after release), else None."""
         return self._lease.holder if self._lease is not None else None
+
+    @property
+    def permit(self) -> int | None:
+        """With ``limit`` of 2 or more, which of the key's permits the grant holds
+        (from 0; kept after release, as ``holder``); None for a mutex or before a grant."""
+        return self._lease.permit if self._lease is not None else None
 
     @property
     def lost(self) -> bool:
@@ -503,10 +530,11 @@ class Lock(AsyncLockMethods):
                 acquired, seconds_left = self._try_once(backend, look_first)
                 if acquired:
                     return True
-                if seconds_left is None and waited:
+                if seconds_left is None and waited and self.limit == 1:
                     # Its INSERT lost to another's (woken with others): how long
                     # that lease has left is unknown, so the next look, a read,
                     # comes at once (within the jitter), not after the backoff.
+                    # (A limited key's looks are all requests: they keep the backoff.)
                     seconds_left = 0.0
                 pause = backoff.next_pause(seconds_left, told=told)
                 if pause is None:
@@ -598,6 +626,11 @@ class Lock(AsyncLockMethods):
                 f"fencing=True needs a backend with fencing tokens; "
                 f"{type(backend).__name__} has none"
             )
+        if self.limit > 1 and not backend.capabilities.permits:
+            raise NotImplementedError(
+                f"limit={self.limit} needs a backend that gives permits "
+                f"(capabilities.permits); {type(backend).__name__} gives none"
+            )
         return backend
 
     def _try_once(self, backend: BaseBackend, look_first: bool) -> tuple[bool, float | None]:
@@ -609,7 +642,8 @@ class Lock(AsyncLockMethods):
         once: the key is most likely free, and the read would only delay the
         grant; if another waiter took it first, its INSERT fails.
         """
-        if look_first:
+        if look_first and self.limit == 1:
+            # (A limited key has no lease of its own to look at: its waiters ask.)
             held = backend.peek(self.key)
             if held is not None and not _taken_over(backend, held):
                 self.seen = held
@@ -622,10 +656,34 @@ class Lock(AsyncLockMethods):
         return new_token()
 
     def _ask(self, backend: BaseBackend, lease: Lease) -> bool:
-        """Ask the storage for ``lease`` (not yet granted); True when granted."""
-        return backend.acquire(
-            self.key, lease.token, ttl=self.options.ttl, max_lifetime=self.options.max_lifetime
+        """Ask the storage for ``lease`` (not yet granted); True when granted.
+
+        With ``limit`` of 2 or more, for one of the key's permits: granted,
+        ``lease.stored_as`` becomes the permit's name.
+        """
+        if self.limit == 1:
+            return backend.acquire(
+                self.key, lease.token, ttl=self.options.ttl, max_lifetime=self.options.max_lifetime
+            )
+        name = backend.acquire_permit(
+            self.key,
+            lease.token,
+            limit=self.limit,
+            ttl=self.options.ttl,
+            max_lifetime=self.options.max_lifetime,
         )
+        if name is None:
+            return False
+        lease.stored_as = name
+        return True
+
+    def _discard(self, backend: BaseBackend, lease: Lease) -> None:
+        """Delete ``lease`` if it was granted: by its name, or, for a permit whose
+        request raised (its reply lost: which permit is unknown), by every permit's."""
+        if self.limit > 1 and lease.permit is None:
+            discard_permit(backend, self.key, lease.token, self.limit)
+        else:
+            discard(backend, lease.stored_as, lease.token)
 
     def _grant(self, backend: BaseBackend) -> bool:
         token = self._new_token()
@@ -644,19 +702,23 @@ class Lock(AsyncLockMethods):
         # lease was not granted.
         try:
             granted = self._ask(backend, lease)
-            fence = backend.fence(self.key, token) if granted and self.fencing else None
+            fence = backend.fence(lease.stored_as, token) if granted and self.fencing else None
+        except LimitMismatch:
+            if self.limit == 1:
+                discard(backend, self.key, token)
+            raise  # a permit refused: nothing was written
         except BaseException:
-            discard(backend, self.key, token)
+            self._discard(backend, lease)
             raise
         if not granted:
             return False
         if self.fencing and fence is None:
             # Expired before it was fenced: not a grant. Clear our row if left.
-            discard(backend, self.key, token)
+            discard(backend, lease.stored_as, token)
             return False
         if not self._own(lease, fence):
             # Its async caller was cancelled and gave the attempt up: not a grant.
-            discard(backend, self.key, token)
+            discard(backend, lease.stored_as, token)
             return False
         try:
             heartbeat().add(lease)

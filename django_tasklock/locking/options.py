@@ -20,7 +20,12 @@ from typing import Any, TypedDict
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-from django_tasklock.backends.base import KEY_PREFIX, PERMIT_SEPARATOR, STALE_AFTER
+from django_tasklock.backends.base import (
+    KEY_PREFIX,
+    PERMIT_SEPARATOR,
+    STALE_AFTER,
+    check_limited_key,
+)
 from django_tasklock.conf import conf
 from django_tasklock.durations import MAX_DURATION as MAX_DURATION
 from django_tasklock.durations import MIN_DURATION as MIN_DURATION
@@ -33,6 +38,9 @@ MAX_NAME_LENGTH = 255
 MAX_LIFETIME_LIMIT = STALE_AFTER
 DEFAULT_TTL = timedelta(minutes=15)
 OPTION_NAMES = ("ttl", "refresh_interval", "max_lifetime")
+#: The largest ``limit``: a lost reply to a permit's request is undone by one
+#: release per permit (see ``locking.permits``), so their number stays small.
+MAX_LIMIT = 100
 
 
 def validate_key(key: object) -> str:
@@ -209,7 +217,12 @@ class LockKwargs(TypedDict, total=False):
     ``Lock.progress()`` within this long (seconds or timedelta; default: no
     such condition). Neither has a project-wide default in
     ``TASKLOCK_DEFAULTS``: each asks something of the work it guards.
-    ``name``: what telemetry calls the lock (``tasklock.name``), one name for
+    ``limit``: at most this many holders of the key at once (an int from 1,
+    the default: one holder, to :data:`MAX_LIMIT`); each holds one of the
+    key's permits, a lease of its own (``Lock.permit``). Every caller of one
+    key must give the same limit (else ``LimitMismatch``). Per call only: not
+    in ``TASKLOCK_DEFAULTS``, since it is a property of the key, not of a
+    project. ``name``: what telemetry calls the lock (``tasklock.name``), one name for
     many keys (``"invoice"`` for ``f"invoice:{pk}"``); ``@exclusive``'s default is
     its key template. Without it no name is reported: never the key.
     """
@@ -223,6 +236,7 @@ class LockKwargs(TypedDict, total=False):
     cancel_on_loss: bool
     progress_timeout: Duration | None
     name: str | None
+    limit: int
 
 
 LOCK_KWARGS = frozenset(LockKwargs.__annotations__)
@@ -289,6 +303,22 @@ def validate_min_hold(value: object, max_lifetime: timedelta) -> timedelta | Non
 def validate_progress_timeout(value: object) -> timedelta | None:
     """None (no condition on progress), or a duration from 1 ms to 24 h."""
     return None if value is None else to_timedelta("progress_timeout", value)
+
+
+def validate_limit(value: object) -> int:
+    """How many may hold the key at once: an int from 1 to :data:`MAX_LIMIT` (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"limit must be an int, not {type(value).__name__}")
+    if not 1 <= value <= MAX_LIMIT:
+        raise ValueError(f"limit must be from 1 to {MAX_LIMIT}, got {value}")
+    return value
+
+
+def validate_limited_key(key: str, limit: int) -> None:
+    """With ``limit`` of 2 or more, ``ValueError`` naming ``key`` if its permits' names
+    would not fit the storage (``backends.base.check_limited_key``)."""
+    if limit > 1:
+        check_limited_key(key, limit)
 
 
 def validate_flag(name: str, value: object) -> bool:
