@@ -195,11 +195,9 @@ class AsyncLockMethods(loss.ActsOnLoss):
     def _watch(self, backend: BaseBackend, watching: contextlib.ExitStack) -> Watch:
         """The backend's watch of the key for this wait; one never ready if it fails.
 
-        One never ready for a ``limit=N`` key: a permit's release is told under
-        the permit's name, not the key's, so its waiters poll (at the shorter pause).
+        A ``limit=N`` key's too: the release of any of its permits is told
+        under the key (PostgreSQL's notification and Redis's signal name it).
         """
-        if self.limit > 1:
-            return Watch(None, self.key)
         try:
             return watching.enter_context(backend.watch(self.key, self._woken))
         except Exception:

@@ -60,10 +60,11 @@ def telling(request: pytest.FixtureRequest, key: str) -> Iterator[ContractBacken
 class Holder:
     """The holder in another process, told when to end its lease."""
 
-    def __init__(self, recipe: BackendRecipe, key: str) -> None:
+    def __init__(self, recipe: BackendRecipe, key: str, limit: int = 1) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._ours, theirs = ctx.Pipe()
-        self.process = ctx.Process(target=hold_on_command, args=(recipe, key, theirs))
+        args = (recipe, key, theirs, limit)
+        self.process = ctx.Process(target=hold_on_command, args=args)
         self.process.start()
         assert self._ours.poll(PATIENCE), "the holder never reported"
         assert self._ours.recv() == "acquired"
@@ -96,9 +97,9 @@ def pauses_told(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return pauses
 
 
-def _wait_for(service: TaskLockService, key: str) -> Callable[[], object]:
+def _wait_for(service: TaskLockService, key: str, limit: int = 1) -> Callable[[], object]:
     def wait() -> object:
-        with service.lock(key, ttl=60, wait=HOUR) as held:
+        with service.lock(key, ttl=60, wait=HOUR, limit=limit) as held:
             return not held.lost
 
     return wait
@@ -113,17 +114,29 @@ def test_a_release_in_another_process_wakes_the_waiter(
     assert outcome == [True], f"not woken by the other process's {how}"
 
 
+@pytest.mark.parametrize("how", ["release", "force"])
+def test_a_permits_release_in_another_process_wakes_the_waiter_of_its_key(
+    telling: ContractBackend, key: str, pauses_told: list[bool], how: str
+) -> None:
+    """``limit=2``: the other process holds both permits and ends one; the waiter gets it."""
+    service = TaskLockService(telling.backend)
+    wait = _wait_for(service, key, limit=2)
+    outcome = _woken_by(telling, key, how, wait, pauses_told, limit=2)
+    assert outcome == [True], f"not woken by the other process's {how} of a permit"
+
+
 def _woken_by(
     telling: ContractBackend,
     key: str,
     how: str,
     wait: Callable[[], object],
     pauses_told: list[bool],
+    limit: int = 1,
 ) -> list[object]:
     """``wait`` in a thread while another process holds ``key``; once it sleeps a told
     pause (an hour), the holder ends its lease by ``how``: what ``wait`` gave within PATIENCE."""
     assert telling.recipe is not None
-    holder = Holder(telling.recipe, key)
+    holder = Holder(telling.recipe, key, limit)
     try:
         thread, outcome = in_thread(telling, wait)
         wait_until(lambda: True in pauses_told, timeout=PATIENCE)  # asleep for an hour

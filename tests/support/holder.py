@@ -30,20 +30,26 @@ def hold_until_lost(recipe: BackendRecipe, key: str, conn: Connection) -> None:
     conn.send(("finished", result.lost))
 
 
-def hold_on_command(recipe: BackendRecipe, key: str, conn: Connection) -> None:
+def hold_on_command(recipe: BackendRecipe, key: str, conn: Connection, limit: int = 1) -> None:
     """Hold ``key`` (an hour's lease); on "release" or "force", end it so; then wait.
 
-    "force": an operator's force release, from this process too.
+    "force": an operator's force release, from this process too. With
+    ``limit`` of 2 or more, every permit of the key is held, and one is ended.
     """
     from django_tasklock.api.service import TaskLockService
+    from django_tasklock.backends.base import permit_key
 
     backend = recipe.build()
-    lock = TaskLockService(backend).lock(key, ttl=3600)
-    lock.acquire()
+    service = TaskLockService(backend)
+    locks = [service.lock(key, ttl=3600, limit=limit) for _ in range(limit)]
+    for lock in locks:
+        lock.acquire()
     conn.send("acquired")
+    lock = locks[0]
     if conn.recv() == "release":
         lock.release()
     else:
-        assert backend.force_release(key) is not None
+        name = key if lock.permit is None else permit_key(key, lock.permit)
+        assert backend.force_release(name) is not None
     conn.send("ended")
     conn.recv()  # until the test is done

@@ -45,14 +45,16 @@ PROBE_WAIT = 5.0
 def notifying(delete_sql: str) -> str:
     """``delete_sql`` (a DELETE of lock rows) that also notifies the waiters of each row deleted.
 
-    Its row count stays the number of rows deleted.
+    Its row count stays the number of rows deleted. A permit's row
+    (``task-lock:<key>\x1f<n>``) notifies the waiters of its key: the stored
+    key up to the separator (U+001F, ``chr(31)``), which waiters watch.
     """
     table = delete_sql.split(" WHERE ", 1)[0].removeprefix("DELETE FROM ")
     key = f'{table}."key"'
     return (
-        f"WITH ended AS ({delete_sql} RETURNING {key}) "
-        f'SELECT CASE WHEN pg_try_advisory_xact_lock({NAMESPACE}, hashtext(ended."key")) '
-        f"""THEN NULL ELSE pg_notify('{CHANNEL}', ended."key") END FROM ended"""
+        f"WITH ended AS ({delete_sql} RETURNING split_part({key}, chr(31), 1) AS key) "
+        f"SELECT CASE WHEN pg_try_advisory_xact_lock({NAMESPACE}, hashtext(ended.key)) "
+        f"""THEN NULL ELSE pg_notify('{CHANNEL}', ended.key) END FROM ended"""
     )
 
 
