@@ -20,8 +20,8 @@ from tests.api.test_views import use_backend
 
 pytestmark = pytest.mark.databases
 
-#: Redis gives no permits yet.
-PERMIT_BACKENDS = ["memory", "sqlite", "postgres", "mariadb"]
+#: Every backend gives permits.
+PERMIT_BACKENDS = ["memory", "sqlite", "postgres", "mariadb", "redis"]
 
 
 @pytest.fixture(params=PERMIT_BACKENDS)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -33,27 +32,18 @@ from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.exceptions import LimitMismatch, LockNotAcquired
 from django_tasklock.locking.lock import Lock
 from django_tasklock.locking.options import MAX_LIMIT
-from tests.conftest import database_backend, memory_backend, redis_backend, require_service
+from django_tasklock.testing import ContractBackend
 
 pytestmark = pytest.mark.databases
 
-#: The backends that give permits (Redis does not yet).
-PERMIT_BACKENDS = ["memory", "sqlite", "postgres", "mariadb"]
 #: Generous bound on anything the heartbeat is waited for.
 BOUND = 30.0
 
 
-@pytest.fixture(params=PERMIT_BACKENDS)
-def backend(request: pytest.FixtureRequest) -> Iterator[BaseBackend]:
-    name: str = request.param
-    if name == "memory":
-        yield memory_backend().backend
-        return
-    if name != "sqlite":
-        require_service(name)
-    contract = database_backend("default" if name == "sqlite" else name)
-    yield contract.backend
-    contract.backend.close()
+@pytest.fixture
+def backend(any_backend: ContractBackend) -> BaseBackend:
+    """Every backend: they all give permits."""
+    return any_backend.backend
 
 
 @pytest.fixture
@@ -175,18 +165,6 @@ def test_a_backend_without_permits_is_refused_before_any_write() -> None:
     assert backend.calls == []
     assert not lock.held
     assert TaskLockService(backend).run_exclusive("k", lambda: 1).result == 1  # limit=1 works
-
-
-def test_redis_without_permits_refuses_a_limit_before_any_write(key: str) -> None:
-    require_service("redis")
-    for contract in redis_backend(key):
-        if contract.backend.capabilities.permits:
-            pytest.skip("the Redis backend gives permits now: see the tests above")
-        service = TaskLockService(contract.backend)
-        with pytest.raises(NotImplementedError, match=r"limit=3 .*RedisBackend"):
-            service.run_exclusive(key, lambda: None, limit=3)
-        assert contract.stored_keys is not None
-        assert contract.stored_keys() == set()
 
 
 def test_limit_is_no_project_default() -> None:
