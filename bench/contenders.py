@@ -4,6 +4,9 @@ Each contender is one uncontended acquire + release cycle with a no-op body,
 on the same server as the others of its group:
 
 - ``ours``: ``TaskLockService(backend).run_exclusive(key, noop, ttl=60)``;
+- ``limit3``: the same with ``limit=3``: one of the key's 3 permits per cycle
+  (on the databases a transaction of 3 to 6 statements, on Redis one script
+  on a hash), beside the mutex's cycle;
 - ``raw``: the same statements with no library: the INSERT and the token DELETE
   our backend sends (compiled by the ORM once, then sent through the DB-API
   cursor of the same autocommit connection); for Redis ``SET NX PX`` then the
@@ -69,6 +72,20 @@ def ours(group: str, backend: Any) -> Contender:
         check(service.run_exclusive(key, _noop, ttl=TTL).acquired, "ours: not acquired")
 
     return Contender(group, "ours", "django-tasklock run_exclusive", op)
+
+
+def ours_limited(group: str, backend: Any) -> Contender:
+    """``ours`` with ``limit=3``: a permit per cycle (the others free: uncontended)."""
+    from django_tasklock.api.service import TaskLockService
+
+    service = TaskLockService(backend)
+    key = f"{RUN}{group}-limit3"
+
+    def op() -> None:
+        result = service.run_exclusive(key, _noop, ttl=TTL, limit=3)
+        check(result.acquired, "ours, limit=3: not acquired")
+
+    return Contender(group, "limit3", "django-tasklock run_exclusive, limit=3", op)
 
 
 def raw_database(group: str, alias: str) -> Contender:
@@ -231,6 +248,7 @@ def contenders_of(aliases: dict[str, str], redis_url: str | None) -> list[Conten
     for group, alias in aliases.items():
         out += [ours(group, DatabaseBackend(using=alias)), orm_floor(group, alias)]
         out.append(raw_database(group, alias))
+        out.append(ours_limited(group, DatabaseBackend(using=alias)))
     if redis_url:
         import redis
 
@@ -238,4 +256,5 @@ def contenders_of(aliases: dict[str, str], redis_url: str | None) -> list[Conten
         out.append(ours("redis", RedisBackend(url=redis_url)))
         client = redis.Redis.from_url(redis_url, socket_timeout=10)
         out += [raw_redis(client), redis_py_lock(client), python_redis_lock(client)]
+        out.append(ours_limited("redis", RedisBackend(url=redis_url)))
     return out

@@ -43,6 +43,10 @@ AGAINST = {
     "redis_vs_raw": ("Redis", "raw redis-py `SET NX PX` + EVALSHA compare-and-delete"),
     "redis_vs_redis_py_lock": ("Redis", "redis-py `Lock` (no heartbeat)"),
     "redis_vs_python_redis_lock": ("Redis", "python-redis-lock, `auto_renewal=True`"),
+    "postgres_vs_limit3": ("PostgreSQL", "ours with `limit=3` (a permit per cycle)"),
+    "sqlite_vs_limit3": ("SQLite", "ours with `limit=3`"),
+    "mariadb_vs_limit3": ("MariaDB", "ours with `limit=3`"),
+    "redis_vs_limit3": ("Redis", "ours with `limit=3`"),
 }
 
 

@@ -21,6 +21,11 @@ RATIOS = {
     "redis_vs_raw": ("redis", "raw"),
     "redis_vs_redis_py_lock": ("redis", "redis_py_lock"),
     "redis_vs_python_redis_lock": ("redis", "python_redis_lock"),
+    # The mutex's cycle against ours with limit=3 (a permit per cycle).
+    "postgres_vs_limit3": ("postgres", "limit3"),
+    "sqlite_vs_limit3": ("sqlite", "limit3"),
+    "mariadb_vs_limit3": ("mariadb", "limit3"),
+    "redis_vs_limit3": ("redis", "limit3"),
 }
 
 
