@@ -141,6 +141,9 @@ class Telemetry:
         lease = lock._lease
         assert lease is not None
         hold = _Hold(self, found, lock.fence, lease.asked_at)
+        if lease.permit is not None:  # one of a limit=N key's permits
+            hold.span.set_attribute("tasklock.limit", lock.limit)
+            hold.span.set_attribute("tasklock.permit", lease.permit)
         self._holds[lease] = hold
         lease.on_loss(hold.lose)
 
@@ -160,6 +163,8 @@ class _Acquisition:
         self.span = self.telemetry.tracer.start_span(
             "tasklock.acquire", kind=SpanKind.INTERNAL, attributes=self.found
         )
+        if self.lock.limit > 1:  # on spans only: metrics keep their series
+            self.span.set_attribute("tasklock.limit", self.lock.limit)
         self.token = context.attach(trace.set_span_in_context(self.span))
         return self
 

@@ -36,6 +36,8 @@ class ObservedLock(Protocol):
     wait: timedelta
     #: The grant's fencing token, once granted with ``fencing=True``.
     fence: int | None
+    #: At most this many holders of the key at once (``limit=``; 1: a mutex).
+    limit: int
     #: The lease of the grant, once granted.
     _lease: Lease | None
 

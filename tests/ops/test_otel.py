@@ -81,6 +81,31 @@ def test_acquired(store: ContractBackend, telemetry: Telemetry, key: str) -> Non
     assert tuple(duration.explicit_bounds) == otel_conventions.SECONDS  # seconds, not ms
 
 
+def test_a_permit_says_its_limit_on_spans_and_its_number_on_the_hold(
+    store: ContractBackend, telemetry: Telemetry, key: str
+) -> None:
+    """``limit=3``: ``tasklock.limit`` on both spans, ``tasklock.permit`` on the hold;
+    the metrics keep the mutex's attributes (no new series)."""
+    found = attrs(name="export", backend=backend_of(store))
+    with (
+        telemetry.work() as work,
+        TaskLockService(store.backend).lock(key, name="export", limit=3) as lock,
+    ):
+        assert telemetry.points(ACTIVE)[found].value == 1
+    assert lock.permit == 0
+    assert lock_spans(telemetry) == [
+        lock_span(ACQUIRE, found | attrs(limit=3, result="acquired"), parent=work),
+        lock_span(HOLD, found | attrs(limit=3, permit=0), parent=work),
+    ]
+    assert metric_records(telemetry) == lock_metrics(
+        {
+            ACQUIRE_DURATION: {found | attrs(result="acquired"): 1},
+            HOLD_DURATION: {found: 1},
+            ACTIVE: {found: 0},
+        }
+    )
+
+
 def test_held_elsewhere_is_no_error(
     store: ContractBackend, telemetry: Telemetry, key: str
 ) -> None:
