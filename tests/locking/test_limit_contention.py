@@ -10,8 +10,10 @@ permits are used, not only never over-given.
 
 The same with a holder SIGKILLed in its body (its permit is taken over at
 once, its holder provably gone, though its ttl is 60 s: the others reach 3
-again), and with replies dropped at random through a fault proxy
-(PostgreSQL, MariaDB, Redis: the storages a reply can be lost on).
+again; every storage but memory, whose holders are threads), and with
+replies dropped at random through a fault proxy (PostgreSQL, MariaDB, Redis
+single: a Cluster client and a Sentinel client are told the servers' own
+addresses, past any proxy).
 """
 
 from __future__ import annotations
@@ -113,6 +115,11 @@ def test_a_killed_holders_permit_is_taken_over_and_the_limit_still_holds(
     recipe = cross_process_recipe(any_backend)  # memory: one process, skipped
     if not any_backend.backend.capabilities.dead_holders:
         pytest.skip(f"{any_backend.name}: no dead-holder takeover")
+    killed_then_contended(recipe, key)
+
+
+def killed_then_contended(recipe: BackendRecipe, key: str) -> None:
+    """A holder SIGKILLed in its body (ttl 60 s), then :func:`contend`: 3 at once again."""
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
     victim = ctx.Process(target=hold_permit_until_killed, args=(recipe, key, LIMIT, child))
@@ -203,3 +210,9 @@ def test_on_redis_cluster_and_sentinel_too(other_redis: BackendRecipe, key: str)
     holds = [hold for _, held, _, _ in reports for hold in held]
     assert sum(errors for _, _, _, errors in reports) == 0
     check(holds)
+
+
+def test_on_redis_cluster_and_sentinel_a_killed_holders_permit_is_taken_over(
+    other_redis: BackendRecipe, key: str
+) -> None:
+    killed_then_contended(other_redis, key)
