@@ -72,7 +72,12 @@ class TaskLockService:
         return self._backend if self._backend is not None else get_backend()
 
     def peek(self, key: str) -> HeldLock | None:
-        """Who holds ``key`` and until when (by the storage's clock), or None if nobody."""
+        """Who holds ``key`` and until when (by the storage's clock), or None if nobody.
+
+        A ``limit=N`` key is held by its permits, each a lease of its own: its
+        own name answers None; ``backend.list()`` shows the permits (their
+        keys are ``permit_key(key, n)``).
+        """
         return self.backend.peek(validate_key(key))
 
     def lock(self, key: str, **options: Unpack[LockKwargs]) -> Lock:
@@ -111,7 +116,7 @@ class TaskLockService:
             limit: let up to this many callers hold ``key`` at once (default 1, at
                 most 100), each one of its permits (``LockResult.permit``); every caller
                 of the key must give the same (else ``LimitMismatch``). Needs a backend
-                with ``capabilities.permits`` (memory, database), else
+                with ``capabilities.permits`` (every shipped one), else
                 ``NotImplementedError`` before anything is written.
             progress_timeout: extend the lease only while ``fn`` calls
                 ``current_lock().progress()`` within this long (default: no such condition).

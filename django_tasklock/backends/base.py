@@ -76,7 +76,10 @@ def longest_limited_key(limit: int) -> int:
 
 
 def check_limited_key(key: str, limit: int) -> None:
-    """``ValueError`` naming ``key`` when its permits' names would not fit the storage."""
+    """``ValueError`` naming ``key`` when its permits' names would not fit the storage,
+    and naming ``limit`` when it is not an int of 2 or more (1 is a mutex: ``acquire``)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 2:
+        raise ValueError(f"limit must be an int of 2 or more for permits, got {limit!r}")
     longest = longest_limited_key(limit)
     if len(key) > longest:
         raise ValueError(

@@ -64,6 +64,11 @@ class TaskLock(DjangoCronJobLock):  # type: ignore[misc]  # django-cron is untyp
                 f"{self.job_name}.TASKLOCK_OPTIONS: cancel_on_loss is for asyncio tasks, "
                 "not cron jobs"
             )
+        if "limit" in options:
+            raise TypeError(
+                f"{self.job_name}.TASKLOCK_OPTIONS: limit is not for cron jobs, each of "
+                "which runs once at a time"
+            )
         self.key = f"{KEY_PREFIX}{self.job_code}"
         # One key per job: telemetry names the lock by it (tasklock.name).
         self.task_lock: Lock = lock(self.key, **{"name": self.key, **options})

@@ -118,6 +118,9 @@ class TaskLock:
         check_lock_kwargs(options)
         if "cancel_on_loss" in options:
             raise TypeError("lock_task() takes on_lost='raise', not cancel_on_loss")
+        if "limit" in options:
+            # Huey's is_locked() and clear() name one key, which permits are not.
+            raise TypeError("lock_task() takes no limit: use @exclusive(..., limit=N)")
         if not isinstance(on_lost, str) or on_lost not in ON_LOST:
             error = ValueError if isinstance(on_lost, str) else TypeError
             raise error(f"on_lost must be one of {ON_LOST}, not {on_lost!r}")

@@ -24,6 +24,7 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
+from django_tasklock.backends.base import limited_key
 from django_tasklock.leases.lease import clock
 from django_tasklock.notifier import log
 from django_tasklock.processes import this_machine
@@ -71,10 +72,11 @@ class Reaper:
                 continue
             self._failing.discard(id(backend))
             for held in ended:
+                key, permit = limited_key(held.key)
                 log(
                     logging.INFO,
-                    "Freed task lock %r: its holder, host %s, pid %s, is gone.",
-                    held.key,
+                    "Freed task lock %s: its holder, host %s, pid %s, is gone.",
+                    repr(key) if permit is None else f"{key!r} (permit {permit})",
                     held.holder.host,
                     held.holder.pid,
                 )

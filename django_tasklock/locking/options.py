@@ -39,7 +39,7 @@ MAX_LIFETIME_LIMIT = STALE_AFTER
 DEFAULT_TTL = timedelta(minutes=15)
 OPTION_NAMES = ("ttl", "refresh_interval", "max_lifetime")
 #: The largest ``limit``: a lost reply to a permit's request is undone by one
-#: release per permit (see ``locking.permits``), so their number stays small.
+#: release per permit (see ``leases.releasing.discard_permit``), so their number stays small.
 MAX_LIMIT = 100
 
 

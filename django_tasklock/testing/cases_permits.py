@@ -21,6 +21,7 @@ import pytest
 from django_tasklock.backends.base import (
     BaseBackend,
     Refresh,
+    Released,
     limited_key,
     longest_limited_key,
     permit_key,
@@ -105,6 +106,33 @@ class PermitCases:
                 assert backend.release(name, token)
             with pytest.raises(ValueError, match="key must be at most"):
                 take(backend, long_key + "x", new_token(), limit)
+
+    def test_a_release_of_a_permit_its_token_never_held_is_a_loss_not_gone(
+        self, permits_backend: BaseBackend, key: str
+    ) -> None:
+        """``GONE`` only for the permit this release ended before: a token that released
+        its permit 0 and names permit 1 (another's) or 2 (nobody's) gets ``LOST``."""
+        backend = permits_backend
+        token, other = new_token(), new_token()
+        mine, theirs = permit_key(key, 0), permit_key(key, 1)
+        assert (take(backend, key, token, 3), take(backend, key, other, 3)) == (mine, theirs)
+        assert backend.release_outcome(mine, token) is Released.RELEASED
+        assert backend.release_outcome(theirs, token) is Released.LOST
+        assert backend.release_outcome(permit_key(key, 2), token) is Released.LOST
+        assert backend.peek(theirs) is not None  # untouched
+        assert backend.release(theirs, other)
+
+    def test_a_limit_under_two_is_refused_naming_limit_and_writing_nothing(
+        self, permits_backend: BaseBackend, key: str
+    ) -> None:
+        """A permit is of a limited key: ``limit=1`` is the mutex's ``acquire``."""
+        backend = permits_backend
+        for limit in (1, 0, -1, True):
+            with pytest.raises(ValueError, match="limit"):
+                take(backend, key, new_token(), limit)
+        assert backend.peek(key) is None
+        assert [lock for lock in backend.list() if limited_key(lock.key)[0] == key] == []
+        assert backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE)  # no mismatch
 
     def test_a_permit_sent_again_is_the_same_permit(
         self, permits_backend: BaseBackend, key: str

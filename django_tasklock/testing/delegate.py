@@ -23,6 +23,13 @@ class DelegatingBackend(BaseBackend):
     def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         return self.inner.acquire(key, token, ttl=ttl, max_lifetime=max_lifetime)
 
+    def acquire_permit(
+        self, key: str, token: str, *, limit: int, ttl: timedelta, max_lifetime: timedelta
+    ) -> str | None:
+        return self.inner.acquire_permit(
+            key, token, limit=limit, ttl=ttl, max_lifetime=max_lifetime
+        )
+
     def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
         return self.inner.refresh(key, token, ttl=ttl, max_lifetime=max_lifetime)
 

@@ -22,7 +22,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from django_tasklock import ReplicationNotConfirmed
+from django_tasklock import LimitMismatch, ReplicationNotConfirmed
 from django_tasklock.api.service import TaskLockService, new_token
 from django_tasklock.backends.base import storage_key
 from django_tasklock.backends.redis import RedisBackend
@@ -198,6 +198,33 @@ def test_a_refusal_sends_no_wait(
     assert backend.acquire(key, token, ttl=LONG, max_lifetime=LONG)  # sent again: its own
     assert waits() == before + 1
     assert backend.release(key, token)
+
+
+def test_a_permits_refusal_sends_no_wait(
+    backend: RedisBackend, master: Any, replica: PrivateRedis, key: str
+) -> None:
+    """All permits held (by this machine's live holders: the script names them), another
+    limit, a mutex meeting the permits: nothing written, no WAIT (it sent one each)."""
+
+    def waits() -> int:
+        return int(master.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+
+    tokens = [new_token(), new_token()]
+    names = [backend.acquire_permit(key, t, limit=2, ttl=LONG, max_lifetime=LONG) for t in tokens]
+    assert None not in names
+    before = waits()
+    with frozen(replica):
+        assert (
+            backend.acquire_permit(key, new_token(), limit=2, ttl=LONG, max_lifetime=LONG) is None
+        )
+        with pytest.raises(LimitMismatch):
+            backend.acquire_permit(key, new_token(), limit=3, ttl=LONG, max_lifetime=LONG)
+        with pytest.raises(LimitMismatch):
+            backend.acquire(key, new_token(), ttl=LONG, max_lifetime=LONG)
+    assert waits() == before
+    for name, token in zip(names, tokens, strict=True):
+        assert name is not None
+        assert backend.release(name, token)
 
 
 def test_a_lease_that_ran_out_during_the_wait_is_not_said_released(

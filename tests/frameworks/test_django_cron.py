@@ -192,6 +192,7 @@ def test_parallel_jobs_take_no_lock(cron_lock: Any, key: str) -> None:
         ({"colour": "red"}, TypeError, "colour"),
         ({"ttl": -1}, ValueError, "ttl"),
         ({"cancel_on_loss": True}, TypeError, "cancel_on_loss"),
+        ({"limit": 2}, TypeError, "limit"),
     ],
 )
 def test_bad_options_name_the_problem(

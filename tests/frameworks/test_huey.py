@@ -303,6 +303,7 @@ def wait_until(condition: Any, timeout: float = TIMEOUT) -> None:
         (("k",), {"refresh_interval": 120, "ttl": 60}, ValueError, "refresh_interval"),
         (("k",), {"colour": "red"}, TypeError, "colour"),
         (("k",), {"cancel_on_loss": True}, TypeError, "cancel_on_loss"),
+        (("k",), {"limit": 2}, TypeError, "limit"),
         (("k",), {"on_lost": "explode"}, ValueError, "on_lost"),
     ],
 )

@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from django_tasklock.backends.database import DatabaseBackend
-from django_tasklock.leases.lease import clock
+from django_tasklock.leases.lease import clock, new_token
 from django_tasklock.leases.reaping import REAP_INTERVAL, Reaper
 from django_tasklock.processes import this_machine
 
@@ -41,3 +41,24 @@ def test_the_next_reap_is_an_interval_away(caplog: pytest.LogCaptureFixture) -> 
     reaper.reap([DatabaseBackend(using="default")])
     assert reaper.due_at >= before + REAP_INTERVAL
     assert not [r for r in caplog.records if r.levelno >= logging.INFO]
+
+
+def test_a_reaped_permit_is_named_by_its_key_and_number(caplog: pytest.LogCaptureFixture) -> None:
+    """Never the permit's stored name (the key, U+001F, the number) in the log."""
+    from datetime import timedelta
+
+    from django_tasklock.backends.memory import MemoryBackend
+    from django_tasklock.testing.cases_dead import dead_token, proofs_here
+    from django_tasklock.testing.support import wait_until
+
+    proofs_here()
+    backend = MemoryBackend()
+    hour = timedelta(hours=1)
+    for token in (new_token(), dead_token()):
+        assert backend.acquire_permit("exports", token, limit=2, ttl=hour, max_lifetime=hour)
+    with caplog.at_level(logging.INFO, logger="django_tasklock"):
+        Reaper().reap([backend])
+        wait_until(lambda: any("Freed" in r.getMessage() for r in caplog.records), timeout=15)
+    [said] = [r.getMessage() for r in caplog.records if "Freed" in r.getMessage()]
+    assert said.startswith("Freed task lock 'exports' (permit 1): its holder, host ")
+    assert "\x1f" not in said

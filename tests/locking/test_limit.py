@@ -518,3 +518,14 @@ def test_leadership_and_unique_claims_take_no_limit() -> None:
     with pytest.raises(TypeError, match="limit"):
         ClaimedLock("unique", "token", ttl=5, limit=2, backend=backend)
     assert backend.calls == []
+
+
+def test_a_delegating_backend_passes_permits_on() -> None:
+    """``testing.DelegatingBackend`` says it gives permits when its inner one does:
+    it must forward the request (it answered NotImplementedError at the grant)."""
+    from django_tasklock.testing.delegate import DelegatingBackend
+
+    backend = DelegatingBackend(MemoryBackend())
+    assert backend.capabilities.permits
+    result = TaskLockService(backend).run_exclusive("exports", lambda: 7, limit=2)
+    assert (result.acquired, result.result, result.permit) == (True, 7, 0)

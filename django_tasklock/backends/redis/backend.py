@@ -312,7 +312,8 @@ class RedisBackend(BaseBackend):
             # A slot half migrated: the tombstone read alone, as ``acquire`` does.
             if not self._calls().cluster or not half_migrated(exc):
                 raise
-            if text(self._calls().client.get(keys[1]) or b"") == token:
+            released = text(self._calls().client.get(keys[1]) or b"")
+            if released.startswith(token + PERMIT_SEPARATOR):  # the token's permit's release
                 return None
             return self._take_permit(key, token, limit, keys[:1], args)
 

@@ -46,7 +46,8 @@ def release_lease(scripts: Scripts, key: str, token: str, hold_ms: int) -> Relea
         if not scripts.cluster or not half_migrated(exc):
             raise
         reply = scripts.run("release_alone", [stored], [token, hold_ms, *permit])
-        if int(reply) in (0, 3) and text(scripts.client.get(tombstone) or b"") == token:
+        mark = PERMIT_SEPARATOR.join((token, *permit))  # a permit's names its number
+        if int(reply) in (0, 3) and text(scripts.client.get(tombstone) or b"") == mark:
             reply = 2
     return _OUTCOMES.get(int(reply), Released.LOST)
 

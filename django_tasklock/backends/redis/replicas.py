@@ -179,9 +179,9 @@ def _script_then_wait(
             reply = conn.read_response()
         except ResponseError as error:  # NOSCRIPT, a redirect, OOM: the caller judges
             return error, 0
-        if not reply or isinstance(reply, (bytes, str)):
-            # Refused (0, or the holder's token), or no fence (nil): nothing
-            # written to wait for.
+        if not (isinstance(reply, int) and reply > 0):
+            # Refused (0, the holder's token, a permit's {"limit", N} or
+            # {"mine", ...}), or no fence (nil): nothing written to wait for.
             return reply, 0
         conn.send_command("WAIT", ack.count, ack.timeout_ms)
         return reply, int(conn.read_response())

@@ -23,6 +23,8 @@ from django_tasklock.backends.redis.slots import tag_for
 PRELUDE = """
 local RELEASED_MARK = ':released'
 local LIMIT = 'tasklock:limit'
+-- A permit's release leaves the tombstone "<token>" .. SEP .. "<n>": its number too.
+local SEP = string.char(31)
 -- Lets Redis < 5 replicate writes made after the non-deterministic TIME.
 if redis.replicate_commands then redis.replicate_commands() end
 local function now_ms()
@@ -139,20 +141,21 @@ end
 local function release_permit(key, field, tombstone, token, hold_ms, keep_ms)
   local now = now_ms()
   local permit = permit_at(key, field, token, now)
+  local mark = field and (token .. SEP .. field) or token  -- no field: a mutex's release
   if not permit then
-    if tombstone and redis.call('GET', tombstone) == token then return 2 end
+    if tombstone and redis.call('GET', tombstone) == mark then return 2 end
     return 3
   end
   local left = permit[2] + hold_ms - now
   if hold_ms > 0 and left > 0 then
     redis.call('HSET', key, field, permit_value(token, permit[2], permit[2] + hold_ms, true))
     tidy(key, now)
-    if tombstone then redis.call('SET', tombstone, token, 'PX', left + keep_ms) end
+    if tombstone then redis.call('SET', tombstone, mark, 'PX', left + keep_ms) end
     return 1
   end
   redis.call('HDEL', key, field)
   tidy(key, now)
-  if tombstone then redis.call('SET', tombstone, token, 'PX', keep_ms) end
+  if tombstone then redis.call('SET', tombstone, mark, 'PX', keep_ms) end
   signal(key)
   return 1
 end
@@ -313,7 +316,7 @@ if is_permits(value, KEYS[1]) then
   return release_permit(KEYS[1], ARGV[4], KEYS[2], ARGV[1], hold, keep)
 end
 if ARGV[4] then  -- a permit's release at a key that has none
-  if redis.call('GET', KEYS[2]) == ARGV[1] then return 2 end
+  if redis.call('GET', KEYS[2]) == ARGV[1] .. SEP .. ARGV[4] then return 2 end
   return 3
 end
 local token, at, released = parse(value)
@@ -500,7 +503,10 @@ return 1
     # ``gone`` names one found gone, whose permit is then taken over (never
     # one cut for min_hold), while that token still holds it.
     "permit": """
-if KEYS[2] and redis.call('GET', KEYS[2]) == ARGV[1] then return nil end
+if KEYS[2] then  -- the token's permit released (its tombstone names it): arrived late
+  local seen = redis.call('GET', KEYS[2])
+  if seen and string.find(seen, ARGV[1] .. SEP, 1, true) == 1 then return nil end
+end
 local now = now_ms()
 local token, asked = ARGV[1], tonumber(ARGV[3])
 local value = redis.pcall('GET', KEYS[1])
@@ -546,7 +552,8 @@ if not chosen then
   return nil
 end
 local lease = permit_value(token, now, now + tonumber(ARGV[2]), false)
-redis.call('HSET', KEYS[1], LIMIT, ARGV[3], chosen, lease)
+redis.call('HSET', KEYS[1], LIMIT, ARGV[3])  -- one field a call: Redis before 4.0 too
+redis.call('HSET', KEYS[1], chosen, lease)
 tidy(KEYS[1], now)
 return tonumber(chosen) + 1
 """,
