@@ -50,7 +50,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from django_tasklock.backends.base import BaseBackend
+from django_tasklock.backends.base import BaseBackend, permit_key
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.testing.proxy import FaultProxy
@@ -74,6 +74,9 @@ pytestmark = pytest.mark.databases
 
 WORKERS = 3
 KEYS = 2
+#: The permits' runs: every key is asked for with limit=LIMIT, by more workers
+#: than it has permits.
+LIMIT, PERMIT_WORKERS = 3, 5
 #: The CI size: schedules x operations each, per backend.
 CI_SCHEDULES, CI_STEPS = 40, 50
 LONG = int(os.environ.get("TASKLOCK_EXPLORER_LONG", "0") or 0)
@@ -134,8 +137,8 @@ class Figures:
                 if what in line:
                     self.events[what] += 1
 
-    def report(self, violations: int) -> dict[str, Any]:
-        figures = {
+    def report(self, violations: int, limit: int | None = None) -> dict[str, Any]:
+        figures: dict[str, Any] = {
             "backend": self.name,
             "seed": self.seed,
             "schedules": self.schedules,
@@ -150,6 +153,8 @@ class Figures:
             "seconds": round(time.monotonic() - self.started, 1),
             "first_violation": self.first,
         }
+        if limit is not None:
+            figures["limit"] = limit
         print(json.dumps(figures))
         target = os.environ.get("TASKLOCK_EXPLORER_REPORT")
         if target:
@@ -161,7 +166,14 @@ class Figures:
 class Storage:
     """One backend, faulty, with the means to make time pass there and to step its clock."""
 
-    def __init__(self, name: str, prefix: str, stack: ExitStack) -> None:
+    def __init__(
+        self,
+        name: str,
+        prefix: str,
+        stack: ExitStack,
+        wrap: Callable[[BaseBackend], BaseBackend] | None = None,
+    ) -> None:
+        """``wrap``: what the workers' calls go through before the storage (a mutant)."""
         self.name = name
         self.proxy: FaultProxy | None = None
         self.direct: BaseBackend
@@ -177,7 +189,7 @@ class Storage:
 
             self.passes, self.step = passes, None  # its clock is this process's: it never steps
             self.faulty = Faulty(
-                inner,
+                inner if wrap is None else wrap(inner),
                 clock=lambda: None,
                 proxy=None,
                 resends=False,
@@ -207,7 +219,7 @@ class Storage:
         stepped = SteppedClock(self.direct, prefix)
         self.passes = self.step = stepped.step
         self.faulty = Faulty(
-            inner,
+            inner if wrap is None else wrap(inner),
             clock=stepped.storage_time,
             proxy=self.proxy,
             resends=name == "redis",
@@ -231,16 +243,33 @@ class Storage:
             ).delete()
 
 
-def explore(storage: Storage, prefix: str, schedules: int, steps: int) -> dict[str, Any]:
-    """Run the explorer on ``storage``: ``schedules`` schedules of ``steps`` operations."""
+def explore(
+    storage: Storage,
+    prefix: str,
+    schedules: int,
+    steps: int,
+    *,
+    limit: int | None = None,
+    ignore: frozenset[str] = IGNORE,
+) -> dict[str, Any]:
+    """Run the explorer on ``storage``: ``schedules`` schedules of ``steps`` operations.
+
+    ``limit``: the workers take permits of keys with that limit (``PERMIT_WORKERS``
+    of them), instead of a mutex's leases. ``ignore``: kinds of violation noted,
+    not raised (see ``IGNORE``).
+    """
     run_seed = int(os.environ.get("TASKLOCK_EXPLORER_SEED") or random.getrandbits(32))
-    print(f"explorer on {storage.name}: TASKLOCK_EXPLORER_SEED={run_seed}")
+    what = storage.name if limit is None else f"{storage.name}, permits of limit={limit}"
+    print(f"explorer on {what}: TASKLOCK_EXPLORER_SEED={run_seed}")
     figures = Figures(storage.name, run_seed)
     counter = iter(range(10**9))
     # One call in two meets a fault (of those this storage can meet).
     faults = st.sampled_from((NONE,) * (len(storage.faults) - 1) + storage.faults)
-    worker = st.integers(0, WORKERS - 1)
+    workers = WORKERS if limit is None else PERMIT_WORKERS
+    worker = st.integers(0, workers - 1)
     key = st.sampled_from([0, 0, 0, 1])  # mostly one key: contention finds more
+    # What the operator force-releases: a key (a mutex's), or a key's permit.
+    lease = key if limit is None else st.tuples(key, st.integers(0, limit - 1))
 
     class Explorer(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -256,12 +285,13 @@ def explore(storage: Storage, prefix: str, schedules: int, steps: int) -> dict[s
                 storage.step,
                 storage.passes,
                 [f"{prefix}-{number}-{i}" for i in range(KEYS)],
-                WORKERS,
+                workers,
                 seed=run_seed + number,
+                limit=limit,
             )
             world = self.world
             self.world.on_violation = lambda kind, message: figures.violated(world, kind, message)
-            self.world.ignore = IGNORE
+            self.world.ignore = ignore
             storage.faulty.late.clear()
             storage.faulty.injected.clear()
             storage.faulty.calls = 0
@@ -331,22 +361,26 @@ def explore(storage: Storage, prefix: str, schedules: int, steps: int) -> dict[s
             waiting = sorted(self.world.pending)
             self.world.answer(waiting[pick % len(waiting)])
 
-        @rule(key=key, fault=faults)
-        def force_release(self, key: int, fault: str) -> None:
+        @rule(key=lease, fault=faults)
+        def force_release(self, key: int | tuple[int, int], fault: str) -> None:
             self._armed(DROP_REPLY if fault == LATE else fault)
-            self.world.force_release(self.world.keys[key])
+            if isinstance(key, tuple):
+                self.world.force_release(permit_key(self.world.keys[key[0]], key[1]))
+            else:
+                self.world.force_release(self.world.keys[key])
             self._armed(NONE)
 
         @rule(worker=worker, key=key)
         def wait(self, worker: int, key: int) -> None:
-            """``wait=``: the worker watches the key, and asks once the storage says it is free."""
+            """``wait=``: the worker watches the key, and asks once the storage says it is free
+            (with a limit: once one of its permits is)."""
             world = self.world
             worker = self._pick(worker, holding=False)
             if world.holding[worker] is not None or worker in world.pending:
                 return
-            seen = world.direct.peek(world.keys[key])
-            if seen is not None:
-                world.pass_time(seen.seconds_left + 0.5)
+            seconds_left = world.until_free(world.keys[key])
+            if seconds_left is not None:
+                world.pass_time(seconds_left + 0.5)
             world.acquire(
                 worker, world.keys[key], fencing=True, min_hold=None, max_lifetime=3600.0
             )
@@ -401,7 +435,7 @@ def explore(storage: Storage, prefix: str, schedules: int, steps: int) -> dict[s
         violations = sum(figures.violations.values())
     finally:
         storage.forget(prefix)
-        figures_out = figures.report(violations)
+        figures_out = figures.report(violations, limit)
     return figures_out
 
 
@@ -421,4 +455,18 @@ def test_the_explorer_finds_no_violation(storage: Storage, key: str) -> None:
 @pytest.mark.skipif(not LONG, reason="the long size: set TASKLOCK_EXPLORER_LONG=100000")
 def test_the_explorer_long(storage: Storage, key: str) -> None:
     figures = explore(storage, key, max(1, LONG // LONG_STEPS), LONG_STEPS)
+    assert figures["violations"] == 0
+
+
+def test_the_explorer_finds_no_violation_with_permits(storage: Storage, key: str) -> None:
+    """The same schedules' rules, the workers taking permits of keys of limit ``LIMIT``."""
+    figures = explore(storage, key, CI_SCHEDULES, CI_STEPS, limit=LIMIT)
+    assert figures["violations"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.unbounded
+@pytest.mark.skipif(not LONG, reason="the long size: set TASKLOCK_EXPLORER_LONG=100000")
+def test_the_explorer_long_with_permits(storage: Storage, key: str) -> None:
+    figures = explore(storage, key, max(1, LONG // LONG_STEPS), LONG_STEPS, limit=LIMIT)
     assert figures["violations"] == 0
