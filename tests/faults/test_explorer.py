@@ -34,6 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -53,11 +54,13 @@ from hypothesis.stateful import (
 from django_tasklock.backends.base import BaseBackend, permit_key
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.memory import MemoryBackend
+from django_tasklock.testing.delegate import DelegatingBackend
 from django_tasklock.testing.proxy import FaultProxy
 from tests.conftest import BACKENDS, require_service
 from tests.support.clock_step import SteppedClock
 from tests.support.explorer import (
     DROP_REPLY,
+    KINDS,
     LATE,
     LOCAL_FAULTS,
     MIN_HOLD,
@@ -370,6 +373,29 @@ def explore(
                 self.world.force_release(self.world.keys[key])
             self._armed(NONE)
 
+        if limit is not None:
+
+            @rule(
+                key=key,
+                faults=st.lists(faults, min_size=workers, max_size=workers),
+                fencing=st.booleans(),
+                min_hold=st.sampled_from([None, MIN_HOLD]),
+            )
+            def crowd(self, key: int, faults: list[str], fencing: bool, min_hold: Any) -> None:
+                """Every worker that holds nothing asks for the key at once: more than its
+                permits (otherwise the limit rarely refuses anyone)."""
+                world = self.world
+                for worker, fault in zip(list(world.holding), faults, strict=True):
+                    self._armed(fault)
+                    world.acquire(
+                        worker,
+                        world.keys[key],
+                        fencing=fencing,
+                        min_hold=min_hold,
+                        max_lifetime=3600.0,
+                    )
+                    self._armed(NONE)
+
         @rule(worker=worker, key=key)
         def wait(self, worker: int, key: int) -> None:
             """``wait=``: the worker watches the key, and asks once the storage says it is free
@@ -470,3 +496,74 @@ def test_the_explorer_finds_no_violation_with_permits(storage: Storage, key: str
 def test_the_explorer_long_with_permits(storage: Storage, key: str) -> None:
     figures = explore(storage, key, max(1, LONG // LONG_STEPS), LONG_STEPS, limit=LIMIT)
     assert figures["violations"] == 0
+
+
+# -- the permits' checks can fail: backends with one bug each -------------------------
+
+
+class Permits(DelegatingBackend):
+    """``inner``'s permits too (``DelegatingBackend`` passes no ``acquire_permit`` on)."""
+
+    def acquire_permit(
+        self, key: str, token: str, *, limit: int, ttl: timedelta, max_lifetime: timedelta
+    ) -> str | None:
+        return self.inner.acquire_permit(
+            key, token, limit=limit, ttl=ttl, max_lifetime=max_lifetime
+        )
+
+
+class GivesAHeldPermit(Permits):
+    """All permits held: answers the first one's name anyway (writing nothing)."""
+
+    def acquire_permit(
+        self, key: str, token: str, *, limit: int, ttl: timedelta, max_lifetime: timedelta
+    ) -> str | None:
+        name = super().acquire_permit(key, token, limit=limit, ttl=ttl, max_lifetime=max_lifetime)
+        return permit_key(key, 0) if name is None else name
+
+
+class IgnoresTheLimit(Permits):
+    """Gives one permit more than the limit asked for."""
+
+    def acquire_permit(
+        self, key: str, token: str, *, limit: int, ttl: timedelta, max_lifetime: timedelta
+    ) -> str | None:
+        return super().acquire_permit(
+            key, token, limit=limit + 1, ttl=ttl, max_lifetime=max_lifetime
+        )
+
+
+class FencesPerPermit(Permits):
+    """Each permit's fences from a counter of its own, not its key's."""
+
+    def __init__(self, inner: BaseBackend) -> None:
+        super().__init__(inner)
+        self.counters: Counter[str] = Counter()
+
+    def fence(self, key: str, token: str) -> int | None:
+        if self.inner.fence(key, token) is None:
+            return None
+        self.counters[key] += 1
+        return self.counters[key]
+
+
+@pytest.mark.parametrize(
+    ("mutant", "kind"),
+    [
+        (GivesAHeldPermit, "two holders"),
+        (IgnoresTheLimit, "over limit"),
+        (FencesPerPermit, "fence"),
+    ],
+)
+def test_the_explorer_finds_a_permits_defect(mutant: type[Permits], kind: str, key: str) -> None:
+    """Within the CI size, the permits' runs catch a backend that breaks their checks.
+
+    Every kind is noted rather than raised (no shrinking: the run ends on time),
+    and the one the mutant breaks must be among them.
+    """
+    with ExitStack() as stack:
+        storage = Storage("memory", key, stack, wrap=mutant)
+        figures = explore(
+            storage, key, CI_SCHEDULES, CI_STEPS, limit=LIMIT, ignore=frozenset(KINDS)
+        )
+    assert figures["violations_by_kind"].get(kind, 0) > 0, figures["violations_by_kind"]
