@@ -15,6 +15,12 @@ re-send may be answered only after other workers acted. After every
 operation the history is checked against the model of
 ``tests/support/explorer.py``, which follows ``docs/protocol.md``.
 
+Permits: the same run with ``limit=LIMIT`` has ``PERMIT_WORKERS`` workers take
+permits of both keys (``acquire_permit``), each holder's calls made by its
+permit's name, and one more rule, ``crowd``: every worker holding nothing
+asks for a key at once. Three wrong backends show that its checks fail
+(``test_the_explorer_finds_a_permits_defect``).
+
 Sizes: the CI size below (40 schedules of 50 operations per backend); the long
 size with ``TASKLOCK_EXPLORER_LONG=<operations per backend>`` (for example
 100000), marked ``slow``. A run prints its seed; replay it with
