@@ -17,8 +17,9 @@ operation the history is checked against the model of
 
 Permits: the same run with ``limit=LIMIT`` has ``PERMIT_WORKERS`` workers take
 permits of both keys (``acquire_permit``), each holder's calls made by its
-permit's name, and one more rule, ``crowd``: every worker holding nothing
-asks for a key at once. Three wrong backends show that its checks fail
+permit's name, and two more rules: ``crowd`` (every worker holding nothing
+asks for a key at once) and ``mutex`` (a worker asks a limited key as a
+mutex). Four wrong backends show that its checks fail
 (``test_the_explorer_finds_a_permits_defect``).
 
 Sizes: the CI size below (40 schedules of 50 operations per backend); the long
@@ -60,6 +61,7 @@ from hypothesis.stateful import (
 from django_tasklock.backends.base import BaseBackend, permit_key
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.memory import MemoryBackend
+from django_tasklock.exceptions import LimitMismatch
 from django_tasklock.testing.delegate import DelegatingBackend
 from django_tasklock.testing.proxy import FaultProxy
 from tests.conftest import BACKENDS, require_service
@@ -277,8 +279,9 @@ def explore(
     workers = WORKERS if limit is None else PERMIT_WORKERS
     worker = st.integers(0, workers - 1)
     key = st.sampled_from([0, 0, 0, 1])  # mostly one key: contention finds more
-    # What the operator force-releases: a key (a mutex's), or a key's permit.
-    lease = key if limit is None else st.tuples(key, st.integers(0, limit - 1))
+    # What the operator force-releases: a key (a mutex's), or a key's permit (number
+    # ``limit``: the key itself, which a caller may hold as a mutex).
+    lease = key if limit is None else st.tuples(key, st.integers(0, limit))
 
     class Explorer(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -373,8 +376,10 @@ def explore(
         @rule(key=lease, fault=faults)
         def force_release(self, key: int | tuple[int, int], fault: str) -> None:
             self._armed(DROP_REPLY if fault == LATE else fault)
-            if isinstance(key, tuple):
+            if isinstance(key, tuple) and key[1] < LIMIT:
                 self.world.force_release(permit_key(self.world.keys[key[0]], key[1]))
+            elif isinstance(key, tuple):
+                self.world.force_release(self.world.keys[key[0]])
             else:
                 self.world.force_release(self.world.keys[key])
             self._armed(NONE)
@@ -401,6 +406,21 @@ def explore(
                         max_lifetime=3600.0,
                     )
                     self._armed(NONE)
+
+            @rule(worker=worker, key=key, fault=faults, fencing=st.booleans())
+            def mutex(self, worker: int, key: int, fault: str, fencing: bool) -> None:
+                """A caller asks a limited key as a mutex (limit 1): refused (``LimitMismatch``)
+                while its permits are live, and its permits' takers while it holds."""
+                self._armed(fault)
+                self.world.acquire(
+                    self._pick(worker, holding=False),
+                    self.world.keys[key],
+                    fencing=fencing,
+                    min_hold=None,
+                    max_lifetime=3600.0,
+                    mutex=True,
+                )
+                self._armed(NONE)
 
         @rule(worker=worker, key=key)
         def wait(self, worker: int, key: int) -> None:
@@ -539,6 +559,16 @@ class IgnoresTheLimit(Permits):
         )
 
 
+class MutexBesidePermits(Permits):
+    """A mutex asked for where permits are live: granted (writing nothing), not refused."""
+
+    def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
+        try:
+            return super().acquire(key, token, ttl=ttl, max_lifetime=max_lifetime)
+        except LimitMismatch:
+            return True
+
+
 class FencesPerPermit(Permits):
     """Each permit's fences from a counter of its own, not its key's."""
 
@@ -558,6 +588,7 @@ class FencesPerPermit(Permits):
     [
         (GivesAHeldPermit, "two holders"),
         (IgnoresTheLimit, "over limit"),
+        (MutexBesidePermits, "two holders"),
         (FencesPerPermit, "fence"),
     ],
 )

@@ -39,12 +39,14 @@ With a ``limit`` (:attr:`World.limit`), the workers take permits of every key
 (``acquire_permit``) and each holder refreshes, fences, releases and is
 force-released by its permit's name; an acquisition that raised is released
 by the token on each permit's name in turn, until one is (as the lock's
-``discard_permit`` does). Check 1 is then per permit's name, and per key:
+``discard_permit`` does). A worker may also ask a limited key as a mutex
+(``acquire(mutex=True)``): ``LimitMismatch`` is a refusal. Check 1 is then
+per permit's name (and the key's own, a mutex's), and per key:
 
 6. never more than ``limit`` workers that believe they hold one of the key's
-   permits with ``lost`` False at the same instant (in the same windows as
-   check 1), no permit given outside the key's ``limit`` names, and none
-   stored past them;
+   permits with ``lost`` False at the same instant, nor one that believes it
+   holds the key as a mutex beside them (in the same windows as check 1); no
+   permit given outside the key's ``limit`` names, and none stored past them;
 
 check 2 is per key, across its permits (one counter), and checks 3 to 5 are
 per permit's name.
@@ -70,6 +72,7 @@ from django_tasklock.backends.base import (
     permit_key,
     storage_key,
 )
+from django_tasklock.exceptions import LimitMismatch
 from django_tasklock.testing.delegate import DelegatingBackend
 from django_tasklock.testing.proxy import FaultProxy
 
@@ -403,8 +406,16 @@ class World:
     # -- a worker's calls ----------------------------------------------------
 
     def acquire(
-        self, worker: int, key: str, *, fencing: bool, min_hold: float | None, max_lifetime: float
+        self,
+        worker: int,
+        key: str,
+        *,
+        fencing: bool,
+        min_hold: float | None,
+        max_lifetime: float,
+        mutex: bool = False,
     ) -> None:
+        """``mutex``: with a limit, a caller that asks the key as a mutex (limit 1)."""
         if self.holding[worker] is not None or worker in self.pending:
             return
         token = f"explorer:{worker}:{self.random.getrandbits(64):016x}"
@@ -416,7 +427,7 @@ class World:
         asked_at = self.now()
         ttl, cap = timedelta(seconds=TTL), timedelta(seconds=max_lifetime)
         try:
-            if self.limit is None:
+            if self.limit is None or mutex:
                 granted = self.backend.acquire(key, token, ttl=ttl, max_lifetime=cap)
                 name = key
             else:
@@ -427,14 +438,18 @@ class World:
         except StorageFault as error:
             self.note(f"w{worker} acquire {key} {token[-6:]}: {error}; released by the token")
             self._arrived(token, "acquire")
-            self._undo(token)
+            self._undo(token, key if self.limit is None or mutex else None)
+            return
+        except LimitMismatch as error:  # nothing written
+            self.tokens[token].owned = False
+            self.note(f"w{worker} acquire {key} {token[-6:]}: refused, {error}")
             return
         self._arrived(token, "acquire")
         if not granted:
             self.tokens[token].owned = False
             self.note(f"w{worker} acquire {key} {token[-6:]}: refused")
             return
-        if self.limit is not None and name not in self.permits(key):
+        if self.limit is not None and not mutex and name not in self.permits(key):
             self.fail("over limit", f"w{worker} was given {name!r}, not one of {key}'s permits")
         lease_seconds = min(TTL, max_lifetime)
         held = Held(
@@ -720,6 +735,7 @@ class World:
         for key in self.keys:
             if self.limit is not None:
                 self._check_limit(key, believers)
+                self._check_lease(key, believers.get(key, []))  # a mutex's lease of it
             for name in self.permits(key):
                 self._check_lease(name, believers.get(name, []))
 
@@ -732,6 +748,14 @@ class World:
             self.fail(
                 "over limit",
                 f"{len(holders)} holders of {key}'s {self.limit} permits with lost=False: {names}",
+            )
+        mutexes = believers.get(key, [])
+        if mutexes and holders:
+            self.fail(
+                "two holders",
+                f"w{mutexes[0].worker} holds {key} as a mutex while "
+                + ", ".join(f"w{h.worker}" for h in holders)
+                + " hold its permits, all with lost=False",
             )
         beyond = self.direct.peek(permit_key(key, self.limit))
         if beyond is not None:
