@@ -22,7 +22,8 @@ asks for a key at once) and ``mutex`` (a worker asks a limited key as a
 mutex). Four wrong backends show that its checks fail
 (``test_the_explorer_finds_a_permits_defect``).
 
-Sizes: the CI size below (40 schedules of 50 operations per backend); the long
+Sizes: the CI size below (40 schedules of 50 operations per backend; 25 for
+permits); the long
 size with ``TASKLOCK_EXPLORER_LONG=<operations per backend>`` (for example
 100000), marked ``slow``. A run prints its seed; replay it with
 ``TASKLOCK_EXPLORER_SEED=<seed>``, or a shrunk counterexample with
@@ -90,6 +91,9 @@ KEYS = 2
 LIMIT, PERMIT_WORKERS = 3, 5
 #: The CI size: schedules x operations each, per backend.
 CI_SCHEDULES, CI_STEPS = 40, 50
+#: The permits' runs' CI size (schedules of CI_STEPS): fewer, as five workers tick
+#: at every step of time (on top of the mutex's runs, some 20 s in all).
+CI_PERMIT_SCHEDULES = 25
 LONG = int(os.environ.get("TASKLOCK_EXPLORER_LONG", "0") or 0)
 LONG_STEPS = 50
 #: Kinds of violation (tests/support/explorer.py's KINDS) to note without failing, so
@@ -512,7 +516,7 @@ def test_the_explorer_long(storage: Storage, key: str) -> None:
 
 def test_the_explorer_finds_no_violation_with_permits(storage: Storage, key: str) -> None:
     """The same schedules' rules, the workers taking permits of keys of limit ``LIMIT``."""
-    figures = explore(storage, key, CI_SCHEDULES, CI_STEPS, limit=LIMIT)
+    figures = explore(storage, key, CI_PERMIT_SCHEDULES, CI_STEPS, limit=LIMIT)
     assert figures["violations"] == 0
 
 
