@@ -15,7 +15,15 @@ re-send may be answered only after other workers acted. After every
 operation the history is checked against the model of
 ``tests/support/explorer.py``, which follows ``docs/protocol.md``.
 
-Sizes: the CI size below (40 schedules of 50 operations per backend); the long
+Permits: the same run with ``limit=LIMIT`` has ``PERMIT_WORKERS`` workers take
+permits of both keys (``acquire_permit``), each holder's calls made by its
+permit's name, and two more rules: ``crowd`` (every worker holding nothing
+asks for a key at once) and ``mutex`` (a worker asks a limited key as a
+mutex). Four wrong backends show that its checks fail
+(``test_the_explorer_finds_a_permits_defect``).
+
+Sizes: the CI size below (40 schedules of 50 operations per backend; 25 for
+permits); the long
 size with ``TASKLOCK_EXPLORER_LONG=<operations per backend>`` (for example
 100000), marked ``slow``. A run prints its seed; replay it with
 ``TASKLOCK_EXPLORER_SEED=<seed>``, or a shrunk counterexample with
@@ -34,6 +42,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -50,14 +59,17 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from django_tasklock.backends.base import BaseBackend
+from django_tasklock.backends.base import BaseBackend, permit_key
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.backends.memory import MemoryBackend
+from django_tasklock.exceptions import LimitMismatch
+from django_tasklock.testing.delegate import DelegatingBackend
 from django_tasklock.testing.proxy import FaultProxy
 from tests.conftest import BACKENDS, require_service
 from tests.support.clock_step import SteppedClock
 from tests.support.explorer import (
     DROP_REPLY,
+    KINDS,
     LATE,
     LOCAL_FAULTS,
     MIN_HOLD,
@@ -74,8 +86,14 @@ pytestmark = pytest.mark.databases
 
 WORKERS = 3
 KEYS = 2
+#: The permits' runs: every key is asked for with limit=LIMIT, by more workers
+#: than it has permits.
+LIMIT, PERMIT_WORKERS = 3, 5
 #: The CI size: schedules x operations each, per backend.
 CI_SCHEDULES, CI_STEPS = 40, 50
+#: The permits' runs' CI size (schedules of CI_STEPS): fewer, as five workers tick
+#: at every step of time (on top of the mutex's runs, some 20 s in all).
+CI_PERMIT_SCHEDULES = 25
 LONG = int(os.environ.get("TASKLOCK_EXPLORER_LONG", "0") or 0)
 LONG_STEPS = 50
 #: Kinds of violation (tests/support/explorer.py's KINDS) to note without failing, so
@@ -134,8 +152,8 @@ class Figures:
                 if what in line:
                     self.events[what] += 1
 
-    def report(self, violations: int) -> dict[str, Any]:
-        figures = {
+    def report(self, violations: int, limit: int | None = None) -> dict[str, Any]:
+        figures: dict[str, Any] = {
             "backend": self.name,
             "seed": self.seed,
             "schedules": self.schedules,
@@ -150,6 +168,8 @@ class Figures:
             "seconds": round(time.monotonic() - self.started, 1),
             "first_violation": self.first,
         }
+        if limit is not None:
+            figures["limit"] = limit
         print(json.dumps(figures))
         target = os.environ.get("TASKLOCK_EXPLORER_REPORT")
         if target:
@@ -161,7 +181,14 @@ class Figures:
 class Storage:
     """One backend, faulty, with the means to make time pass there and to step its clock."""
 
-    def __init__(self, name: str, prefix: str, stack: ExitStack) -> None:
+    def __init__(
+        self,
+        name: str,
+        prefix: str,
+        stack: ExitStack,
+        wrap: Callable[[BaseBackend], BaseBackend] | None = None,
+    ) -> None:
+        """``wrap``: what the workers' calls go through before the storage (a mutant)."""
         self.name = name
         self.proxy: FaultProxy | None = None
         self.direct: BaseBackend
@@ -177,7 +204,7 @@ class Storage:
 
             self.passes, self.step = passes, None  # its clock is this process's: it never steps
             self.faulty = Faulty(
-                inner,
+                inner if wrap is None else wrap(inner),
                 clock=lambda: None,
                 proxy=None,
                 resends=False,
@@ -207,7 +234,7 @@ class Storage:
         stepped = SteppedClock(self.direct, prefix)
         self.passes = self.step = stepped.step
         self.faulty = Faulty(
-            inner,
+            inner if wrap is None else wrap(inner),
             clock=stepped.storage_time,
             proxy=self.proxy,
             resends=name == "redis",
@@ -231,16 +258,34 @@ class Storage:
             ).delete()
 
 
-def explore(storage: Storage, prefix: str, schedules: int, steps: int) -> dict[str, Any]:
-    """Run the explorer on ``storage``: ``schedules`` schedules of ``steps`` operations."""
+def explore(
+    storage: Storage,
+    prefix: str,
+    schedules: int,
+    steps: int,
+    *,
+    limit: int | None = None,
+    ignore: frozenset[str] = IGNORE,
+) -> dict[str, Any]:
+    """Run the explorer on ``storage``: ``schedules`` schedules of ``steps`` operations.
+
+    ``limit``: the workers take permits of keys with that limit (``PERMIT_WORKERS``
+    of them), instead of a mutex's leases. ``ignore``: kinds of violation noted,
+    not raised (see ``IGNORE``).
+    """
     run_seed = int(os.environ.get("TASKLOCK_EXPLORER_SEED") or random.getrandbits(32))
-    print(f"explorer on {storage.name}: TASKLOCK_EXPLORER_SEED={run_seed}")
+    what = storage.name if limit is None else f"{storage.name}, permits of limit={limit}"
+    print(f"explorer on {what}: TASKLOCK_EXPLORER_SEED={run_seed}")
     figures = Figures(storage.name, run_seed)
     counter = iter(range(10**9))
     # One call in two meets a fault (of those this storage can meet).
     faults = st.sampled_from((NONE,) * (len(storage.faults) - 1) + storage.faults)
-    worker = st.integers(0, WORKERS - 1)
+    workers = WORKERS if limit is None else PERMIT_WORKERS
+    worker = st.integers(0, workers - 1)
     key = st.sampled_from([0, 0, 0, 1])  # mostly one key: contention finds more
+    # What the operator force-releases: a key (a mutex's), or a key's permit (number
+    # ``limit``: the key itself, which a caller may hold as a mutex).
+    lease = key if limit is None else st.tuples(key, st.integers(0, limit))
 
     class Explorer(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -256,12 +301,13 @@ def explore(storage: Storage, prefix: str, schedules: int, steps: int) -> dict[s
                 storage.step,
                 storage.passes,
                 [f"{prefix}-{number}-{i}" for i in range(KEYS)],
-                WORKERS,
+                workers,
                 seed=run_seed + number,
+                limit=limit,
             )
             world = self.world
             self.world.on_violation = lambda kind, message: figures.violated(world, kind, message)
-            self.world.ignore = IGNORE
+            self.world.ignore = ignore
             storage.faulty.late.clear()
             storage.faulty.injected.clear()
             storage.faulty.calls = 0
@@ -331,22 +377,66 @@ def explore(storage: Storage, prefix: str, schedules: int, steps: int) -> dict[s
             waiting = sorted(self.world.pending)
             self.world.answer(waiting[pick % len(waiting)])
 
-        @rule(key=key, fault=faults)
-        def force_release(self, key: int, fault: str) -> None:
+        @rule(key=lease, fault=faults)
+        def force_release(self, key: int | tuple[int, int], fault: str) -> None:
             self._armed(DROP_REPLY if fault == LATE else fault)
-            self.world.force_release(self.world.keys[key])
+            if isinstance(key, tuple) and key[1] < LIMIT:
+                self.world.force_release(permit_key(self.world.keys[key[0]], key[1]))
+            elif isinstance(key, tuple):
+                self.world.force_release(self.world.keys[key[0]])
+            else:
+                self.world.force_release(self.world.keys[key])
             self._armed(NONE)
+
+        if limit is not None:
+
+            @rule(
+                key=key,
+                faults=st.lists(faults, min_size=workers, max_size=workers),
+                fencing=st.booleans(),
+                min_hold=st.sampled_from([None, MIN_HOLD]),
+            )
+            def crowd(self, key: int, faults: list[str], fencing: bool, min_hold: Any) -> None:
+                """Every worker that holds nothing asks for the key at once: more than its
+                permits (otherwise the limit rarely refuses anyone)."""
+                world = self.world
+                for worker, fault in zip(list(world.holding), faults, strict=True):
+                    self._armed(fault)
+                    world.acquire(
+                        worker,
+                        world.keys[key],
+                        fencing=fencing,
+                        min_hold=min_hold,
+                        max_lifetime=3600.0,
+                    )
+                    self._armed(NONE)
+
+            @rule(worker=worker, key=key, fault=faults, fencing=st.booleans())
+            def mutex(self, worker: int, key: int, fault: str, fencing: bool) -> None:
+                """A caller asks a limited key as a mutex (limit 1): refused (``LimitMismatch``)
+                while its permits are live, and its permits' takers while it holds."""
+                self._armed(fault)
+                self.world.acquire(
+                    self._pick(worker, holding=False),
+                    self.world.keys[key],
+                    fencing=fencing,
+                    min_hold=None,
+                    max_lifetime=3600.0,
+                    mutex=True,
+                )
+                self._armed(NONE)
 
         @rule(worker=worker, key=key)
         def wait(self, worker: int, key: int) -> None:
-            """``wait=``: the worker watches the key, and asks once the storage says it is free."""
+            """``wait=``: the worker watches the key, and asks once the storage says it is free
+            (with a limit: once one of its permits is)."""
             world = self.world
             worker = self._pick(worker, holding=False)
             if world.holding[worker] is not None or worker in world.pending:
                 return
-            seen = world.direct.peek(world.keys[key])
-            if seen is not None:
-                world.pass_time(seen.seconds_left + 0.5)
+            seconds_left = world.until_free(world.keys[key])
+            if seconds_left is not None:
+                world.pass_time(seconds_left + 0.5)
             world.acquire(
                 worker, world.keys[key], fencing=True, min_hold=None, max_lifetime=3600.0
             )
@@ -401,7 +491,7 @@ def explore(storage: Storage, prefix: str, schedules: int, steps: int) -> dict[s
         violations = sum(figures.violations.values())
     finally:
         storage.forget(prefix)
-        figures_out = figures.report(violations)
+        figures_out = figures.report(violations, limit)
     return figures_out
 
 
@@ -422,3 +512,99 @@ def test_the_explorer_finds_no_violation(storage: Storage, key: str) -> None:
 def test_the_explorer_long(storage: Storage, key: str) -> None:
     figures = explore(storage, key, max(1, LONG // LONG_STEPS), LONG_STEPS)
     assert figures["violations"] == 0
+
+
+def test_the_explorer_finds_no_violation_with_permits(storage: Storage, key: str) -> None:
+    """The same schedules' rules, the workers taking permits of keys of limit ``LIMIT``."""
+    figures = explore(storage, key, CI_PERMIT_SCHEDULES, CI_STEPS, limit=LIMIT)
+    assert figures["violations"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.unbounded
+@pytest.mark.skipif(not LONG, reason="the long size: set TASKLOCK_EXPLORER_LONG=100000")
+def test_the_explorer_long_with_permits(storage: Storage, key: str) -> None:
+    figures = explore(storage, key, max(1, LONG // LONG_STEPS), LONG_STEPS, limit=LIMIT)
+    assert figures["violations"] == 0
+
+
+# -- the permits' checks can fail: backends with one bug each -------------------------
+
+
+class Permits(DelegatingBackend):
+    """``inner``'s permits too (``DelegatingBackend`` passes no ``acquire_permit`` on)."""
+
+    def acquire_permit(
+        self, key: str, token: str, *, limit: int, ttl: timedelta, max_lifetime: timedelta
+    ) -> str | None:
+        return self.inner.acquire_permit(
+            key, token, limit=limit, ttl=ttl, max_lifetime=max_lifetime
+        )
+
+
+class GivesAHeldPermit(Permits):
+    """All permits held: answers the first one's name anyway (writing nothing)."""
+
+    def acquire_permit(
+        self, key: str, token: str, *, limit: int, ttl: timedelta, max_lifetime: timedelta
+    ) -> str | None:
+        name = super().acquire_permit(key, token, limit=limit, ttl=ttl, max_lifetime=max_lifetime)
+        return permit_key(key, 0) if name is None else name
+
+
+class IgnoresTheLimit(Permits):
+    """Gives one permit more than the limit asked for."""
+
+    def acquire_permit(
+        self, key: str, token: str, *, limit: int, ttl: timedelta, max_lifetime: timedelta
+    ) -> str | None:
+        return super().acquire_permit(
+            key, token, limit=limit + 1, ttl=ttl, max_lifetime=max_lifetime
+        )
+
+
+class MutexBesidePermits(Permits):
+    """A mutex asked for where permits are live: granted (writing nothing), not refused."""
+
+    def acquire(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
+        try:
+            return super().acquire(key, token, ttl=ttl, max_lifetime=max_lifetime)
+        except LimitMismatch:
+            return True
+
+
+class FencesPerPermit(Permits):
+    """Each permit's fences from a counter of its own, not its key's."""
+
+    def __init__(self, inner: BaseBackend) -> None:
+        super().__init__(inner)
+        self.counters: Counter[str] = Counter()
+
+    def fence(self, key: str, token: str) -> int | None:
+        if self.inner.fence(key, token) is None:
+            return None
+        self.counters[key] += 1
+        return self.counters[key]
+
+
+@pytest.mark.parametrize(
+    ("mutant", "kind"),
+    [
+        (GivesAHeldPermit, "two holders"),
+        (IgnoresTheLimit, "over limit"),
+        (MutexBesidePermits, "two holders"),
+        (FencesPerPermit, "fence"),
+    ],
+)
+def test_the_explorer_finds_a_permits_defect(mutant: type[Permits], kind: str, key: str) -> None:
+    """Within the CI size, the permits' runs catch a backend that breaks their checks.
+
+    Every kind is noted rather than raised (no shrinking: the run ends on time),
+    and the one the mutant breaks must be among them.
+    """
+    with ExitStack() as stack:
+        storage = Storage("memory", key, stack, wrap=mutant)
+        figures = explore(
+            storage, key, CI_SCHEDULES, CI_STEPS, limit=LIMIT, ignore=frozenset(KINDS)
+        )
+    assert figures["violations_by_kind"].get(kind, 0) > 0, figures["violations_by_kind"]

@@ -22,13 +22,30 @@ from django_tasklock.backends.base import KEY_PREFIX, BaseBackend
 from django_tasklock.testing.delegate import DelegatingBackend
 
 # One lease's stored times moved back ARGV[1] ms: the acquisition in its value,
-# and its TTL (a lease whose TTL runs out so is deleted, as expiry would).
+# and its TTL (a lease whose TTL runs out so is deleted, as expiry would). A
+# limited key's hash of permits: each permit's acquisition and end, and the
+# hash's TTL (its latest permit's end).
 _SHIFT = """
+local shift = tonumber(ARGV[1])
+if redis.call('TYPE', KEYS[1])['ok'] == 'hash' then
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl > 0 and ttl <= shift then return redis.call('DEL', KEYS[1]) end
+  local flat = redis.call('HGETALL', KEYS[1])
+  for i = 1, #flat, 2 do
+    local token, at, ends, rest = string.match(flat[i + 1], '^(.*)@(%d+)@(%d+)(.*)$')
+    if token then
+      redis.call('HSET', KEYS[1], flat[i], token .. '@' ..
+        string.format('%.0f', tonumber(at) - shift) .. '@' ..
+        string.format('%.0f', tonumber(ends) - shift) .. rest)
+    end
+  end
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl - shift) end
+  return 1
+end
 local value = redis.call('GET', KEYS[1])
 if not value then return 0 end
 local token, at, rest = string.match(value, '^(.*)@(%d+)(.*)$')
 local ttl = redis.call('PTTL', KEYS[1])
-local shift = tonumber(ARGV[1])
 if ttl > 0 and ttl <= shift then return redis.call('DEL', KEYS[1]) end
 if token then
   value = token .. '@' .. string.format('%.0f', tonumber(at) - shift) .. rest

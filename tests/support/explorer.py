@@ -34,6 +34,22 @@ The history it keeps is checked after every operation (:meth:`World.check`):
 5. every loss declared within its bound: a holder that believes it holds
    (``lost`` False) finds its lease in the storage, lasting at least until
    its local deadline.
+
+With a ``limit`` (:attr:`World.limit`), the workers take permits of every key
+(``acquire_permit``) and each holder refreshes, fences, releases and is
+force-released by its permit's name; an acquisition that raised is released
+by the token on each permit's name in turn, until one is (as the lock's
+``discard_permit`` does). A worker may also ask a limited key as a mutex
+(``acquire(mutex=True)``): ``LimitMismatch`` is a refusal. Check 1 is then
+per permit's name (and the key's own, a mutex's), and per key:
+
+6. never more than ``limit`` workers that believe they hold one of the key's
+   permits with ``lost`` False at the same instant, nor one that believes it
+   holds the key as a mutex beside them (in the same windows as check 1); no
+   permit given outside the key's ``limit`` names, and none stored past them;
+
+check 2 is per key, across its permits (one counter), and checks 3 to 5 are
+per permit's name.
 """
 
 from __future__ import annotations
@@ -52,8 +68,11 @@ from django_tasklock.backends.base import (
     Refresh,
     Released,
     lease_id,
+    limited_key,
+    permit_key,
     storage_key,
 )
+from django_tasklock.exceptions import LimitMismatch
 from django_tasklock.testing.delegate import DelegatingBackend
 from django_tasklock.testing.proxy import FaultProxy
 
@@ -84,7 +103,15 @@ WIRE_FAULTS = (*LOCAL_FAULTS, DROP_REPLY, LATE)
 
 
 #: The kinds of violation, by the check of the module's docstring they break.
-KINDS = ("two holders", "fence", "orphan", "min_hold", "false loss", "late loss")
+KINDS = (
+    "two holders",
+    "fence",
+    "orphan",
+    "min_hold",
+    "false loss",
+    "late loss",
+    "over limit",
+)
 
 
 class StorageFault(ConnectionError):
@@ -153,7 +180,9 @@ class Faulty(DelegatingBackend):
         try:
             if fault == DROP_REPLY:
                 assert self.proxy is not None
-                self.proxy.drop_reply(match=("task-lock:" + key).encode())
+                # A permit's requests name its limited key (Redis: the hash; a
+                # database: its row's prefix).
+                self.proxy.drop_reply(match=storage_key(limited_key(key)[0]).encode())
             answer = run()
         except self.errors as error:
             self.on_error()
@@ -171,6 +200,18 @@ class Faulty(DelegatingBackend):
             key,
             token,
             lambda: self.inner.acquire(key, token, ttl=ttl, max_lifetime=max_lifetime),
+        )
+
+    def acquire_permit(
+        self, key: str, token: str, *, limit: int, ttl: timedelta, max_lifetime: timedelta
+    ) -> str | None:
+        return self._call(
+            "acquire_permit",
+            key,
+            token,
+            lambda: self.inner.acquire_permit(
+                key, token, limit=limit, ttl=ttl, max_lifetime=max_lifetime
+            ),
         )
 
     def refresh(self, key: str, token: str, *, ttl: timedelta, max_lifetime: timedelta) -> bool:
@@ -252,6 +293,11 @@ class Held:
     #: In the documented window after a storage clock step: until the next clock
     #: check (or, where the storage's clock cannot be read, a refresh answered).
     stepped: bool = False
+    #: The lease's name in the storage: the key, or the permit's name (``permit_key``).
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.key
 
     def lost(self, now: float) -> bool:
         return self.declared is not None or now >= self.valid_until
@@ -286,8 +332,12 @@ class World:
         keys: list[str],
         workers: int,
         seed: int,
+        limit: int | None = None,
     ) -> None:
         self.name = name
+        #: None: every key is a mutex's. Else the limit of every key: the workers
+        #: take its permits (``acquire_permit``).
+        self.limit = limit
         self.backend = faulty
         self.direct = direct
         self.step_storage = step_storage
@@ -346,11 +396,26 @@ class World:
                 self.tokens[held.token].ended_by_other = "storage clock step"
         self.note(f"storage clock steps +{seconds:.1f} s")
 
+    def until_free(self, key: str) -> float | None:
+        """None if the storage has ``key`` free (a permit of it); else seconds until it frees."""
+        seen = [self.direct.peek(name) for name in self.permits(key)]
+        if any(lease is None for lease in seen):
+            return None
+        return min(lease.seconds_left for lease in seen if lease is not None)
+
     # -- a worker's calls ----------------------------------------------------
 
     def acquire(
-        self, worker: int, key: str, *, fencing: bool, min_hold: float | None, max_lifetime: float
+        self,
+        worker: int,
+        key: str,
+        *,
+        fencing: bool,
+        min_hold: float | None,
+        max_lifetime: float,
+        mutex: bool = False,
     ) -> None:
+        """``mutex``: with a limit, a caller that asks the key as a mutex (limit 1)."""
         if self.holding[worker] is not None or worker in self.pending:
             return
         token = f"explorer:{worker}:{self.random.getrandbits(64):016x}"
@@ -360,42 +425,59 @@ class World:
             token  # a database row a min_hold release cut
         )
         asked_at = self.now()
+        ttl, cap = timedelta(seconds=TTL), timedelta(seconds=max_lifetime)
         try:
-            granted = self.backend.acquire(
-                key,
-                token,
-                ttl=timedelta(seconds=TTL),
-                max_lifetime=timedelta(seconds=max_lifetime),
-            )
+            if self.limit is None or mutex:
+                granted = self.backend.acquire(key, token, ttl=ttl, max_lifetime=cap)
+                name = key
+            else:
+                permit = self.backend.acquire_permit(
+                    key, token, limit=self.limit, ttl=ttl, max_lifetime=cap
+                )
+                granted, name = permit is not None, permit or key
         except StorageFault as error:
             self.note(f"w{worker} acquire {key} {token[-6:]}: {error}; released by the token")
             self._arrived(token, "acquire")
-            self._undo(token)
+            self._undo(token, key if self.limit is None or mutex else None)
+            return
+        except LimitMismatch as error:  # nothing written
+            self.tokens[token].owned = False
+            self.note(f"w{worker} acquire {key} {token[-6:]}: refused, {error}")
             return
         self._arrived(token, "acquire")
         if not granted:
             self.tokens[token].owned = False
             self.note(f"w{worker} acquire {key} {token[-6:]}: refused")
             return
+        if self.limit is not None and not mutex and name not in self.permits(key):
+            self.fail("over limit", f"w{worker} was given {name!r}, not one of {key}'s permits")
         lease_seconds = min(TTL, max_lifetime)
         held = Held(
             worker, key, token, TTL, max_lifetime, min_hold, asked_at,
-            asked_at + lease_seconds, asked_at + max_lifetime,
+            asked_at + lease_seconds, asked_at + max_lifetime, name=name,
         )  # fmt: skip
         if fencing:
             try:
-                fence = self.backend.fence(key, token)
+                fence = self.backend.fence(name, token)
             except StorageFault as error:
                 fence = None
-                self.note(f"w{worker} fence {key}: {error}")
+                self.note(f"w{worker} fence {name}: {error}")
             if fence is None:
-                self.note(f"w{worker} acquire {key} {token[-6:]}: no fence; released by the token")
-                self._undo(token)
+                self.note(
+                    f"w{worker} acquire {name} {token[-6:]}: no fence; released by the token"
+                )
+                self._undo(token, name)
                 return
             self._fenced(held, fence)
         self.holding[worker] = held
         self._read_clock(worker, first=True)
-        self.note(f"w{worker} acquire {key} {token[-6:]}: granted, fence {held.fence}")
+        self.note(f"w{worker} acquire {name} {token[-6:]}: granted, fence {held.fence}")
+
+    def permits(self, key: str) -> list[str]:
+        """The names of ``key``'s leases: itself (a mutex), or each of its permits."""
+        if self.limit is None:
+            return [key]
+        return [permit_key(key, slot) for slot in range(self.limit)]
 
     def _fenced(self, held: Held, fence: int) -> None:
         last = self.fences.get(held.key)
@@ -404,16 +486,23 @@ class World:
         self.fences[held.key] = fence
         held.fence = fence
 
-    def _undo(self, token: str) -> None:
-        """The lock's release by the token after an acquisition that failed."""
+    def _undo(self, token: str, name: str | None = None) -> None:
+        """The lock's release by the token after an acquisition that failed.
+
+        Of a permit whose name is unknown (its request raised): each permit's
+        name in turn, until one is released (``discard_permit``).
+        """
         state = self.tokens[token]
         state.owned = False
-        try:
-            answer = self.direct.release_outcome(state.key, token)
-        except Exception as error:  # the lease then runs out by itself
-            self.note(f"  release by the token failed: {error!r}")
-            return
-        self._released(token, answer, None)
+        for each in [name] if name is not None else self.permits(state.key):
+            try:
+                answer = self.direct.release_outcome(each, token)
+            except Exception as error:  # the lease then runs out by itself
+                self.note(f"  release by the token failed: {error!r}")
+                return
+            self._released(token, answer, None)
+            if answer is Released.RELEASED:
+                return
 
     def _arrived(self, token: str, what: str) -> None:
         """A write of ``token`` reached the storage: the end it may give the lease."""
@@ -477,13 +566,13 @@ class World:
         ttl, cap = timedelta(seconds=held.ttl), timedelta(seconds=held.max_lifetime)
         try:
             if many:
-                answer = self.backend.refresh_one(Refresh(held.key, held.token, ttl, cap))
+                answer = self.backend.refresh_one(Refresh(held.name, held.token, ttl, cap))
             else:
-                answer = self.backend.refresh(held.key, held.token, ttl=ttl, max_lifetime=cap)
+                answer = self.backend.refresh(held.name, held.token, ttl=ttl, max_lifetime=cap)
         except StorageFault as error:
             self._arrived(held.token, "refresh")
             if not quiet:
-                self.note(f"w{worker} refresh {held.key}: {error}")
+                self.note(f"w{worker} refresh {held.name}: {error}")
             return
         self._arrived(held.token, "refresh")
         held.excused = None  # a refresh answered: the window after a force release ends
@@ -495,12 +584,12 @@ class World:
         else:
             self._declare(held, "expired")
         if not quiet:
-            self.note(f"w{worker} refresh {held.key}: {answer}")
+            self.note(f"w{worker} refresh {held.name}: {answer}")
 
     def _not_ours(self, held: Held) -> str:
         """Found not ours before the local deadline: "taken" or "released_by_operator"."""
         try:
-            seen = self.direct.peek(held.key)
+            seen = self.direct.peek(held.name)
         except Exception:
             seen = None
         reason = "taken" if seen is not None else "released_by_operator"
@@ -508,14 +597,14 @@ class World:
         if why is None:
             self.fail(
                 "false loss",
-                f"w{held.worker} told {reason!r} about {held.key}, but nothing ended its lease",
+                f"w{held.worker} told {reason!r} about {held.name}, but nothing ended its lease",
             )
         return reason
 
     def _declare(self, held: Held, reason: str) -> None:
         if held.declared is None:
             held.declared = reason
-            self.note(f"w{held.worker} lost {held.key}: {reason}")
+            self.note(f"w{held.worker} lost {held.name}: {reason}")
 
     def release(self, worker: int, *, resent_later: bool = False) -> None:
         """The work ends: the lease leaves the heartbeat and the release is sent.
@@ -539,17 +628,17 @@ class World:
                 self.pending[worker] = (
                     held,
                     sent,
-                    self.backend.release_resent(held.key, held.token, min_hold),
+                    self.backend.release_resent(held.name, held.token, min_hold),
                 )
             except StorageFault as error:
-                self.note(f"w{worker} release {held.key}: {error}; the lease runs out")
+                self.note(f"w{worker} release {held.name}: {error}; the lease runs out")
                 return
-            self.note(f"w{worker} release {held.key}: ran, its reply lost; the re-send waits")
+            self.note(f"w{worker} release {held.name}: ran, its reply lost; the re-send waits")
             return
         try:
-            answer = self.backend.release_outcome(held.key, held.token, min_hold=min_hold)
+            answer = self.backend.release_outcome(held.name, held.token, min_hold=min_hold)
         except StorageFault as error:
-            self.note(f"w{worker} release {held.key}: {error}; the lease runs out")
+            self.note(f"w{worker} release {held.name}: {error}; the lease runs out")
             return
         self._read_release(held, sent, answer)
 
@@ -559,9 +648,9 @@ class World:
         try:
             answer = resend()
         except Exception as error:
-            self.note(f"w{worker} re-sent release {held.key}: {error!r}; the lease runs out")
+            self.note(f"w{worker} re-sent release {held.name}: {error!r}; the lease runs out")
             return
-        self.note(f"w{worker} re-sent release {held.key}:")
+        self.note(f"w{worker} re-sent release {held.name}:")
         self._read_release(held, sent, answer)
 
     def _read_release(self, held: Held, sent: float, answer: Released) -> None:
@@ -572,7 +661,7 @@ class World:
                 self._declare(held, self._not_ours(held))
             else:
                 self._declare(held, "expired")
-        self.note(f"w{held.worker} release {held.key}: {answer.name}, lost={held.declared}")
+        self.note(f"w{held.worker} release {held.name}: {answer.name}, lost={held.declared}")
 
     def force_release(self, key: str) -> None:
         try:
@@ -581,7 +670,7 @@ class World:
             # It may have run: every holder of the key may have lost its lease.
             ended = None
             for held in self.holding.values():
-                if held is not None and held.key == key:
+                if held is not None and held.name == key:
                     held.excused = "force release (its reply lost)"
                     self.tokens[held.token].ended_by_other = "force release"
             self.note(f"operator force-releases {key}: {error}")
@@ -612,7 +701,8 @@ class World:
             self.note(f"late {what} of {token[-6:]} arrives: {error!r}")
             return
         if token and what != "fence" and what != "release":
-            self._arrived(token, "late acquire" if what == "acquire" else "late refresh")
+            late = "late acquire" if what.startswith("acquire") else "late refresh"
+            self._arrived(token, late)
         self.note(f"late {what} of {token[-6:]} arrives")
 
     # -- the model -----------------------------------------------------------
@@ -634,59 +724,89 @@ class World:
         """The model's checks, at this instant."""
         self.operations += 1
         now = self.now()
-        believers: dict[str, list[Held]] = {}
+        believers: dict[str, list[Held]] = {}  # by the lease's name (a mutex's: its key)
         for held in self.holding.values():
             if held is not None and not held.lost(now) and not (held.excused or held.stepped):
-                believers.setdefault(held.key, []).append(held)
-        for key, holders in believers.items():
+                believers.setdefault(held.name, []).append(held)
+        for name, holders in believers.items():
             if len(holders) > 1:
                 names = ", ".join(f"w{h.worker}" for h in holders)
-                self.fail("two holders", f"two holders of {key} with lost=False: {names}")
+                self.fail("two holders", f"two holders of {name} with lost=False: {names}")
         for key in self.keys:
-            seen = self.direct.peek(key)
-            after = self.now()
-            for held in believers.get(key, []):
-                if seen is None and held.valid_until <= after:
-                    # The local deadline passed during the look (a loaded machine's
-                    # slow peek): the storage may have ended the lease after it.
-                    continue
-                if seen is None or seen.lease != lease_id(held.token):
-                    self.fail(
-                        "late loss",
-                        f"w{held.worker} believes it holds {key} (lost=False, "
-                        f"{held.valid_until - after:.1f} s left) but the storage has {seen}",
-                    )
-                    continue
-                if after + seen.seconds_left < held.valid_until - SLACK:
-                    self.fail(
-                        "late loss",
-                        f"w{held.worker}'s lease of {key} ends {after + seen.seconds_left:.1f} "
-                        f"by the storage, before its local deadline {held.valid_until:.1f}",
-                    )
-            if seen is None:
+            if self.limit is not None:
+                self._check_limit(key, believers)
+                self._check_lease(key, believers.get(key, []))  # a mutex's lease of it
+            for name in self.permits(key):
+                self._check_lease(name, believers.get(name, []))
+
+    def _check_limit(self, key: str, believers: dict[str, list[Held]]) -> None:
+        """At most ``limit`` believers of ``key``'s permits; no permit past its last."""
+        assert self.limit is not None
+        holders = [held for name in self.permits(key) for held in believers.get(name, [])]
+        if len(holders) > self.limit:
+            names = ", ".join(f"w{h.worker} ({h.name[-1]})" for h in holders)
+            self.fail(
+                "over limit",
+                f"{len(holders)} holders of {key}'s {self.limit} permits with lost=False: {names}",
+            )
+        mutexes = believers.get(key, [])
+        if mutexes and holders:
+            self.fail(
+                "two holders",
+                f"w{mutexes[0].worker} holds {key} as a mutex while "
+                + ", ".join(f"w{h.worker}" for h in holders)
+                + " hold its permits, all with lost=False",
+            )
+        beyond = self.direct.peek(permit_key(key, self.limit))
+        if beyond is not None:
+            self.fail("over limit", f"{key} has a permit past its limit {self.limit}: {beyond}")
+
+    def _check_lease(self, key: str, believers: list[Held]) -> None:
+        """The checks of one lease (a mutex's key, or a permit's name) and its believers."""
+        seen = self.direct.peek(key)
+        after = self.now()
+        for held in believers:
+            if seen is None and held.valid_until <= after:
+                # The local deadline passed during the look (a loaded machine's
+                # slow peek): the storage may have ended the lease after it.
                 continue
-            token = self.by_lease.get(seen.lease)
-            if token is None:
-                self.fail("orphan", f"{key} is held by a lease nobody asked for: {seen}")
-                continue
-            state = self.tokens[token]
-            if state.owned:
-                continue
-            if state.cut and state.min_hold is not None:
-                held_for = (seen.expires_at - seen.acquired_at).total_seconds()
-                if held_for > state.min_hold + SLACK:
-                    self.fail(
-                        "min_hold",
-                        f"{key}: a lease cut by its min_hold release ({state.min_hold:.0f} s) "
-                        f"now ends {held_for:.1f} s after its acquisition ({token[-6:]})",
-                        state.last_write,
-                    )
-                continue
-            if after + seen.seconds_left > state.writes_until + SLACK:
+            if seen is None or seen.lease != lease_id(held.token):
                 self.fail(
-                    "orphan",
-                    f"{key}: a lease nobody holds ({token[-6:]}) lasts "
-                    f"{seen.seconds_left:.1f} s more, beyond its bound "
-                    f"({state.writes_until - after:.1f} s)",
+                    "late loss",
+                    f"w{held.worker} believes it holds {key} (lost=False, "
+                    f"{held.valid_until - after:.1f} s left) but the storage has {seen}",
+                )
+                continue
+            if after + seen.seconds_left < held.valid_until - SLACK:
+                self.fail(
+                    "late loss",
+                    f"w{held.worker}'s lease of {key} ends {after + seen.seconds_left:.1f} "
+                    f"by the storage, before its local deadline {held.valid_until:.1f}",
+                )
+        if seen is None:
+            return
+        token = self.by_lease.get(seen.lease)
+        if token is None:
+            self.fail("orphan", f"{key} is held by a lease nobody asked for: {seen}")
+            return
+        state = self.tokens[token]
+        if state.owned:
+            return
+        if state.cut and state.min_hold is not None:
+            held_for = (seen.expires_at - seen.acquired_at).total_seconds()
+            if held_for > state.min_hold + SLACK:
+                self.fail(
+                    "min_hold",
+                    f"{key}: a lease cut by its min_hold release ({state.min_hold:.0f} s) "
+                    f"now ends {held_for:.1f} s after its acquisition ({token[-6:]})",
                     state.last_write,
                 )
+            return
+        if after + seen.seconds_left > state.writes_until + SLACK:
+            self.fail(
+                "orphan",
+                f"{key}: a lease nobody holds ({token[-6:]}) lasts "
+                f"{seen.seconds_left:.1f} s more, beyond its bound "
+                f"({state.writes_until - after:.1f} s)",
+                state.last_write,
+            )
