@@ -11,19 +11,22 @@ permits are used, not only never over-given.
 The same with a holder SIGKILLed in its body (its permit is taken over at
 once, its holder provably gone, though its ttl is 60 s: the others reach 3
 again; every storage but memory, whose holders are threads), and with
-replies dropped at random through a fault proxy (PostgreSQL, MariaDB, Redis
-single: a Cluster client and a Sentinel client are told the servers' own
-addresses, past any proxy).
+replies dropped at random through fault proxies (PostgreSQL, MariaDB, Redis
+single, and Redis Cluster with a proxy before each node; SQLite and memory
+have no wire, and a Sentinel client's lease traffic is a single server's,
+reached at the address the sentinel names).
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -216,3 +219,28 @@ def test_on_redis_cluster_and_sentinel_a_killed_holders_permit_is_taken_over(
     other_redis: BackendRecipe, key: str
 ) -> None:
     killed_then_contended(other_redis, key)
+
+
+def test_replies_dropped_on_redis_cluster_never_let_more_bodies_run_than_the_limit(
+    redis_cluster: Any, key: str
+) -> None:
+    """A proxy before each of the cluster's nodes (the client maps the nodes' addresses to
+    them), each dropping 2 % of replies."""
+    with contextlib.ExitStack() as stack:
+        proxies = [
+            stack.enter_context(
+                FaultProxy(("127.0.0.1", port), lifetime=PATIENCE * 2, max_connections=256)
+            )
+            for port in redis_cluster.ports
+        ]
+        ports = [proxy.port for proxy in proxies]
+        recipe = BackendRecipe(
+            backend="tests.support.limited_workers.cluster_through",
+            kwargs={"ports": dict(zip(redis_cluster.ports, ports, strict=True))},
+            settings={"INSTALLED_APPS": ["django_tasklock"]},
+        )
+        for proxy in proxies:
+            proxy.drop_reply(times=None, probability=0.02)
+        reports = contend(recipe, key)
+        assert sum(proxy.dropped for proxy in proxies) > 0, "no reply was dropped"
+    check([hold for _, held, _, _ in reports for hold in held])

@@ -7,6 +7,7 @@ instant prove more than N holders at once, whatever the storage said.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import time
@@ -76,3 +77,23 @@ def hold_permit_until_killed(
 
     result = service.run_exclusive(key, body, limit=limit, ttl=60, refresh_interval=5)
     conn.send(("not acquired", result.acquired))  # pragma: no cover - only when the test fails
+
+
+def cluster_through(ports: dict[int, int]) -> BaseBackend:
+    """The Redis backend on a cluster each of whose nodes is reached through a proxy.
+
+    ``ports``: each node's port -> its proxy's. The client is told the nodes'
+    own addresses (``CLUSTER SLOTS``, redirects) and maps them to the proxies'
+    (redis-py's ``address_remap``), so every request and reply passes a proxy.
+    """
+    from redis.cluster import ClusterNode, RedisCluster
+
+    from django_tasklock.backends.redis import RedisBackend
+
+    startup = [ClusterNode("127.0.0.1", proxy) for proxy in ports.values()]  # type: ignore[no-untyped-call]
+    remap = functools.partial(_through, ports)
+    return RedisBackend(client=RedisCluster(startup_nodes=startup, address_remap=remap))
+
+
+def _through(ports: dict[int, int], address: tuple[str, int]) -> tuple[str, int]:
+    return "127.0.0.1", ports.get(address[1], address[1])
