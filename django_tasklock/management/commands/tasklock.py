@@ -279,7 +279,7 @@ class Command(BaseCommand):
             self.stdout.write(f"{what} is not held: nothing to release.")
 
     def _permits_held(self, backend: BaseBackend, key: str) -> str | None:
-        """``2 permits held (number 0, 2)`` of ``key``; None when it holds none."""
+        """``2 of 3 permits held (number 0, 2)`` of ``key``; None when it holds none."""
         if not backend.capabilities.permits:
             return None  # none to look for (and Redis would list by a scan of every key)
         groups = display.by_key(self._call(backend.list))
