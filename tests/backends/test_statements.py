@@ -135,13 +135,15 @@ def test_the_heartbeat_sends_due_leases_in_one_call_per_backend() -> None:
     try:
         started.wait()
         # Leases due within half an interval of each other share a tick; those
-        # taken further apart (a slow machine) join them at the next one.
-        wait_until(lambda: leases in calls, timeout=8)
+        # taken further apart (a slow machine: 250 threads may take several
+        # intervals to acquire) join them at a later one, until one call carries
+        # them all. How many ticks that takes is the machine's, not asserted.
+        wait_until(lambda: leases in calls, timeout=60)
     finally:
         release.set()
         for thread in threads:
             thread.join()
-    assert sum(calls[:2]) >= leases
+    assert max(calls) == leases  # all in one call, never more than there are
 
 
 @pytest.fixture
