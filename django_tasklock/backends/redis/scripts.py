@@ -124,6 +124,13 @@ local function tidy(key, now)
   if #dead > 0 then redis.call('HDEL', key, unpack(dead)) end
   redis.call('PEXPIRE', key, last - now)
 end
+-- Ends permit field of the hash at key (its holder checked by the caller) and
+-- wakes the key's waiters.
+local function end_permit(key, field, now)
+  redis.call('HDEL', key, field)
+  tidy(key, now)
+  signal(key)
+end
 -- "refresh" of token's permit field in the hash at key: 1 if extended (or past
 -- its cap, left to end), 0 if it is not token's and live, or its release cut it.
 local function refresh_permit(key, field, token, ttl_ms, cap_ms, now)
@@ -153,10 +160,8 @@ local function release_permit(key, field, tombstone, token, hold_ms, keep_ms)
     if tombstone then redis.call('SET', tombstone, mark, 'PX', left + keep_ms) end
     return 1
   end
-  redis.call('HDEL', key, field)
-  tidy(key, now)
+  end_permit(key, field, now)
   if tombstone then redis.call('SET', tombstone, mark, 'PX', keep_ms) end
-  signal(key)
   return 1
 end
 """
@@ -376,9 +381,7 @@ if is_permits(value, KEYS[1]) then
   local now = now_ms()
   local permit = permits_of(KEYS[1], now)[ARGV[2] or '']
   if not permit or permit[1] ~= ARGV[1] then return 0 end
-  redis.call('HDEL', KEYS[1], ARGV[2])
-  tidy(KEYS[1], now)
-  signal(KEYS[1])
+  end_permit(KEYS[1], ARGV[2], now)
   return 1
 end
 if ARGV[2] then return 0 end
@@ -462,9 +465,7 @@ if is_permits(value, KEYS[1]) then
   local now = now_ms()
   local permit = permit_at(KEYS[1], ARGV[2], ARGV[1], now)
   if not permit or permit[4] then return 0 end
-  redis.call('HDEL', KEYS[1], ARGV[2])
-  tidy(KEYS[1], now)
-  signal(KEYS[1])
+  end_permit(KEYS[1], ARGV[2], now)
   return 1
 end
 if ARGV[2] then return 0 end
