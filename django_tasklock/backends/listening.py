@@ -82,6 +82,8 @@ class Listener(abc.ABC):
         self._ready: set[str] = set()
         self._thread: threading.Thread | None = None
         self._pipe: tuple[int, int] | None = None
+        #: On the thread: releases to tell later, (monotonic time, stored key); see :meth:`defer`.
+        self._deferred: list[tuple[float, str]] = []
         #: Until when (monotonic) this storage is known not to tell of releases.
         self._deaf_until = 0.0
         forks.on_fork(self._forget)
@@ -95,6 +97,7 @@ class Listener(abc.ABC):
                     os.close(end)  # the child's copies
         self._mutex = threading.Lock()
         self._wakes, self._ready, self._thread, self._pipe = {}, set(), None, None
+        self._deferred = []
 
     # -- for waiters -----------------------------------------------------------
 
@@ -228,11 +231,12 @@ class Listener(abc.ABC):
                         selector.register(poked, selectors.EVENT_READ)
                         if connected:
                             selector.register(self.fileno(), selectors.EVENT_READ)
-                        selector.select(1.0)
+                        selector.select(self._until_deferred(1.0))
                     with contextlib.suppress(OSError):
                         os.read(poked, 4096)
                     if connected:
                         self._tell(self.read())
+                    self._tell(self._due())
                 except Exception:
                     logger.warning(
                         "Task lock: the listener of %s lost its connection; waiters poll "
@@ -265,6 +269,28 @@ class Listener(abc.ABC):
             if self.ready_on_add:
                 with self._mutex:
                     self._ready.update(key for key in new if key in self._wakes)
+
+    def defer(self, stored: str, seconds: float) -> None:
+        """On the thread: tell of ``stored``'s release only ``seconds`` from now.
+
+        For a release that named another process's waiter to look first (see
+        ``backends.database.notifications``): this process's waiters look
+        later, unless the key is released again meanwhile.
+        """
+        self._deferred.append((time.monotonic() + seconds, stored))
+
+    def _until_deferred(self, longest: float) -> float:
+        if not self._deferred:
+            return longest
+        return max(0.0, min(longest, min(due for due, _ in self._deferred) - time.monotonic()))
+
+    def _due(self) -> list[str]:
+        if not self._deferred:
+            return []
+        now = time.monotonic()
+        due = [stored for at, stored in self._deferred if at <= now]
+        self._deferred = [(at, stored) for at, stored in self._deferred if at > now]
+        return due
 
     def confirmed(self, stored: str) -> None:
         """On the thread: the storage confirmed that it tells of ``stored``'s releases."""

@@ -15,6 +15,7 @@ import contextlib
 import multiprocessing
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -35,6 +36,7 @@ from tests.support.waiters import in_thread
 pytestmark = pytest.mark.databases
 
 HOUR = 3600
+HOURS = timedelta(hours=2)
 PATIENCE = 60
 
 
@@ -283,7 +285,7 @@ def test_the_release_notifies_only_while_a_process_waits(key: str) -> None:
     try:
         with _heard_on(connections["postgres"].connection) as heard, service.lock(key, ttl=60):
             pass
-        assert stored not in heard
+        assert not [told for told in heard if told.startswith(stored)]
         listener = notifications.listener_for("postgres")
         with listener.watch(stored, lambda: None):
             wait_until(lambda: listener.is_ready(stored), timeout=PATIENCE)
@@ -292,10 +294,33 @@ def test_the_release_notifies_only_while_a_process_waits(key: str) -> None:
                 service.lock(key, ttl=60),
             ):
                 pass
-        assert stored in heard
+        # It names the one process waiting (its listening connection), to look first.
+        told = [told for told in heard if told.startswith(stored)]
+        assert told == [f"{stored}{notifications.CHOSEN}{listener._pid}"]
     finally:
         with connections["postgres"].cursor() as cursor:
             cursor.execute(f"UNLISTEN {notifications.CHANNEL}")
+
+
+def test_a_release_that_chose_another_waiting_process_still_wakes_this_one(
+    key: str, pauses_told: list[bool]
+) -> None:
+    """PostgreSQL: a release names one waiting process to look first; the others look
+    :data:`notifications.LOOK_LATER` after (that one may have stopped waiting)."""
+    require_service("postgres")
+    telling = database_backend("postgres")
+    stored = storage_key(key)
+    assert telling.backend.acquire(key, "someone", ttl=timedelta(hours=1), max_lifetime=HOURS)
+    thread, outcome = in_thread(telling, _wait_for(TaskLockService(telling.backend), key))
+    wait_until(lambda: True in pauses_told, timeout=PATIENCE)  # asleep for an hour
+    with connections["postgres"].cursor() as cursor:
+        # The key freed as a release that chose another process (pid 1: not ours) frees it.
+        cursor.execute("DELETE FROM cache_entries WHERE key = %s", [stored])
+        cursor.execute(
+            "SELECT pg_notify(%s, %s)", [notifications.CHANNEL, f"{stored}{notifications.CHOSEN}1"]
+        )
+    thread.join(PATIENCE)
+    assert outcome == [True], "not woken by a release that chose another process"
 
 
 @contextlib.contextmanager

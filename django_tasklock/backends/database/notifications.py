@@ -40,6 +40,10 @@ NAMESPACE = 0x7461736B  # "task"
 APPLICATION_NAME = "django-tasklock listener"
 #: Seconds a listener waits for its own proof notification.
 PROBE_WAIT = 5.0
+#: Between the key and the waiting process the release chose, in a notification's payload.
+CHOSEN = chr(30)
+#: Seconds the waiters of a process the release did not choose wait before they look.
+LOOK_LATER = 0.01
 
 
 def notifying(delete_sql: str) -> str:
@@ -51,10 +55,16 @@ def notifying(delete_sql: str) -> str:
     """
     table = delete_sql.split(" WHERE ", 1)[0].removeprefix("DELETE FROM ")
     key = f'{table}."key"'
+    chosen = (
+        "(SELECT l.pid::text FROM pg_locks l WHERE l.locktype = 'advisory' "
+        f"AND l.classid = {NAMESPACE}::oid AND l.objid = hashtext(ended.key)::oid "
+        "AND l.objsubid = 2 AND l.granted ORDER BY random() LIMIT 1)"
+    )
     return (
         f"WITH ended AS ({delete_sql} RETURNING split_part({key}, chr(31), 1) AS key) "
         f"SELECT CASE WHEN pg_try_advisory_xact_lock({NAMESPACE}, hashtext(ended.key)) "
-        f"""THEN NULL ELSE pg_notify('{CHANNEL}', ended.key) END FROM ended"""
+        f"THEN NULL ELSE pg_notify('{CHANNEL}', "
+        f"ended.key || chr(30) || coalesce({chosen}, '')) END FROM ended"
     )
 
 
@@ -67,6 +77,8 @@ class PostgresListener(Listener):
         self._raw: Any = None
         self._heard: list[str] = []
         self._psycopg3 = False
+        #: The listening connection's server process id, as a release names it.
+        self._pid = ""
 
     def _forget(self) -> None:
         super()._forget()
@@ -85,6 +97,12 @@ class PostgresListener(Listener):
         if self._psycopg3:
             raw.add_notify_handler(lambda notify: self._heard.append(notify.payload))
         self._execute(f"LISTEN {CHANNEL}")
+        cursor = raw.cursor()
+        try:
+            cursor.execute("SELECT pg_backend_pid()")  # the server's, through a pooler too
+            self._pid = str(cursor.fetchone()[0])
+        finally:
+            cursor.close()
         probe = f"probe:{uuid.uuid4().hex}"
         sender = self._open()
         try:
@@ -141,9 +159,17 @@ class PostgresListener(Listener):
                 self._heard.append(raw.notifies.pop(0).payload)
 
     def read(self) -> Iterable[str]:
+        """The keys released, told now; those whose release chose another process, later."""
         self._drain()
         heard, self._heard = self._heard, []
-        return heard
+        now: list[str] = []
+        for payload in heard:
+            key, _, chosen = payload.partition(CHOSEN)
+            if chosen and chosen != self._pid:
+                self.defer(key, LOOK_LATER)
+            else:
+                now.append(key)
+        return now
 
     def close(self) -> None:
         raw, self._raw = self._raw, None
