@@ -191,6 +191,7 @@ class Listener(abc.ABC):
                 os.close(end)
 
     def _listen(self, poked: int) -> None:
+        self._deferred = []  # an earlier thread's: its waiters are gone
         listening: set[str] = set()
         connected = False
         retry_at = self._deaf_until
@@ -273,9 +274,9 @@ class Listener(abc.ABC):
     def defer(self, stored: str, seconds: float) -> None:
         """On the thread: tell of ``stored``'s release only ``seconds`` from now.
 
-        For a release that named another process's waiter to look first (see
+        For a release that named another process's waiters to look first (see
         ``backends.database.notifications``): this process's waiters look
-        later, unless the key is released again meanwhile.
+        later, when that one most likely holds the key already.
         """
         self._deferred.append((time.monotonic() + seconds, stored))
 

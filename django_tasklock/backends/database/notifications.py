@@ -17,8 +17,8 @@ a listening connection holding that shared lock, picked at random from
 at once, the others' :data:`LOOK_LATER` after: eight waiting processes woken
 at once all sent their ``INSERT`` together, and on two cores the winner's
 waited for the CPU the losers took (measured here: handoff p50 2.6 ms with
-eight waiting processes, 1.6 ms since). A listener that named the key's
-waiters for a process that stopped waiting costs the others those 10 ms.
+eight waiting processes, 1.6 ms since). A release that named a process
+whose waiter stopped waiting meanwhile costs the others those 10 ms.
 
 Behind PgBouncer's transaction pooling ``LISTEN`` hears nothing: the listener
 proves on connecting that a notification sent from another connection
