@@ -5,17 +5,21 @@
 Starts its own servers on free loopback ports (``tests/support/cluster.py``: 3
 masters + 3 replicas; ``tests/support/servers.py``: one ``redis-server``), so it needs
 the ``test`` extra and the Debian ``redis-server``; nothing shared is touched.
-The leases (ttl 30 s, refresh interval 1 s) are acquired one at a time
-before the window (not measured) and handed to the process's heartbeat as
+The leases (ttl 30 s, refresh interval 1 s) are acquired one at a time before
+the window (not measured) and handed to the process's heartbeat as
 ``run_exclusive`` would. Over the window: scripts per tick (``EVALSHA`` calls
 counted by the masters' ``INFO commandstats``, divided by the heartbeat's
 ``refresh_many`` calls), the heartbeat thread's CPU (from ``/proc``), the
-median tick, lost leases. On the cluster, refreshes go one script per hash
-slot and 500 leases: at 10,000 leases spread over the 16,384 slots, some
-7,300 small scripts a tick, one pipeline per master. One Redis takes any 500
-leases in one script: 20 a tick. It is measured that way, and again per slot
-(``single_per_slot``: as behind a proxy that hides a cluster, which refuses
-keys of two slots in one script).
+median tick, lost leases; on one Redis, beside it, the raw floor: a thread of
+redis-py sending the heartbeat's last tick as it was sent (the same packed
+``EVALSHA`` calls) every second on one connection, and reading the replies.
+The heartbeat's thread also reaps dead holders (every 5 s at least: a ``SCAN``
+and a script per key found), which the floor does not. On the cluster,
+refreshes go one script per hash slot and 500 leases: at 10,000 leases spread
+over the 16,384 slots, some 7,300 small scripts a tick, one pipeline per
+master. One Redis takes any 500 leases in one script: 20 a tick. It is
+measured that way, and again per slot (``single_per_slot``: as behind a proxy
+that hides a cluster, which refuses keys of two slots in one script).
 
 ``--publish`` puts the run in docs/speed.md (its "Redis Cluster" table, between
 ``<!-- cluster:begin -->`` and ``<!-- cluster:end -->``), refusing a run that
@@ -122,7 +126,12 @@ def measure(
     finally:
         for lease in held:
             heartbeat().remove(lease)
+    batch = backend._batch
+    floor = None
+    if not backend._calls().cluster and batch is not None and batch.packed:
+        floor = _raw_floor(url, batch.packed, window)
     return {
+        "raw_floor_cpu_percent": floor,
         "leases": leases,
         "ticks": len(steady),
         "scripts_per_tick": round(scripts / max(1, len(steady)), 1),
@@ -134,6 +143,40 @@ def measure(
     }
 
 
+def _raw_floor(url: str, packed: list[bytes], window: float) -> float:
+    """Percent of a core a thread of redis-py uses to send the heartbeat's last tick
+    (``packed``: its ``EVALSHA`` calls as sent) every second for ``window`` s, and
+    read the replies, on one connection: the same calls and nothing else."""
+    import threading
+
+    import redis
+
+    client = redis.Redis.from_url(url)
+    share: list[float] = []
+
+    def send() -> None:
+        conn = client.connection_pool.get_connection()
+        try:
+            native = threading.get_native_id()
+            cpu, start = _thread_cpu_seconds(native), time.monotonic()
+            next_at = start
+            while time.monotonic() - start < window:
+                conn.send_packed_command(packed)
+                for _ in packed:
+                    conn.read_response()
+                next_at += 1.0
+                time.sleep(max(0.0, next_at - time.monotonic()))
+            share.append(100 * (_thread_cpu_seconds(native) - cpu) / (time.monotonic() - start))
+        finally:
+            client.connection_pool.release(conn)
+
+    thread = threading.Thread(target=send, name="bench-raw-heartbeat")
+    thread.start()
+    thread.join()
+    client.close()
+    return round(share[0], 1)
+
+
 def section(results: dict[str, Any], load: float, cores: int, loaded: bool) -> str:
     """The run as docs/speed.md shows it: who ran it, the table, what slots apart cost."""
     busy = " (a busy machine: published with `--loaded`)" if loaded else ""
@@ -142,16 +185,18 @@ def section(results: dict[str, Any], load: float, cores: int, loaded: bool) -> s
         f"One run ({run['leases']:,} leases, {run['ticks']} ticks measured on the cluster) on "
         f"{cores} cores, load average {load:.2f} (1 min) before it{busy}:",
         "",
-        "| storage | scripts per tick | median tick | heartbeat thread CPU | lost |",
-        "|---|---|---|---|---|",
+        "| storage | scripts per tick | median tick | heartbeat thread CPU | raw floor | lost |",
+        "|---|---|---|---|---|---|",
     ]
     for name, label in ROWS.items():
         run = results[name]
         scripts = run["scripts_per_tick"]  # a tick cut by the window's edges: approximate
         shown = f"about {round(scripts, -2):,.0f}" if scripts >= 1000 else f"{scripts:,.0f}"
         tick = "-" if run["tick_ms_median"] is None else f"{run['tick_ms_median']:.0f} ms"
-        cpu = f"{run['thread_cpu_percent']:.0f} % of a core"
-        lines.append(f"| {label} | {shown} | {tick} | {cpu} | {run['lost']} |")
+        cpu = f"{run['thread_cpu_percent']:.1f} % of a core"
+        raw = run.get("raw_floor_cpu_percent")
+        floor = "-" if raw is None else f"{raw:.1f} %"
+        lines.append(f"| {label} | {shown} | {tick} | {cpu} | {floor} | {run['lost']} |")
     apart = results["single_per_slot"]["thread_cpu_percent"]
     together = max(results["single"]["thread_cpu_percent"], 0.1)
     lines += [
