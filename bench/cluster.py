@@ -10,7 +10,8 @@ the window (not measured) and handed to the process's heartbeat as
 ``run_exclusive`` would. Over the window: scripts per tick (``EVALSHA`` calls
 counted by the masters' ``INFO commandstats``, divided by the heartbeat's
 ``refresh_many`` calls), the heartbeat thread's CPU (from ``/proc``), the
-median tick, lost leases; on one Redis, beside it, the raw floor: a thread of
+median tick, lost leases, the reaps of dead holders in the window (their
+scripts and time, on the same thread); on one Redis, beside it, the raw floor: a thread of
 redis-py sending the heartbeat's last tick as it was sent (the same packed
 ``EVALSHA`` calls) every second on one connection, and reading the replies.
 The heartbeat's thread also reaps dead holders (every 5 s at least: a ``SCAN``
@@ -68,6 +69,19 @@ class CountingRedis:
             return answers
 
         backend.refresh_many = refresh_many
+        #: Per reap of dead holders (also on the heartbeat's thread): its scripts, seconds.
+        self.reaps: list[tuple[int, float]] = []
+        self.nodes: list[Any] = []
+        reap = backend.reap_dead_holders
+
+        def reap_dead_holders() -> Any:
+            calls, started = _evalsha_calls(self.nodes), time.perf_counter()
+            ended = reap()
+            took = time.perf_counter() - started
+            self.reaps.append((_evalsha_calls(self.nodes) - calls, took))
+            return ended
+
+        backend.reap_dead_holders = reap_dead_holders
 
 
 def _thread_cpu_seconds(native_id: int) -> float:
@@ -95,6 +109,7 @@ def measure(
     # As after a proxy's CROSSSLOT (see RedisBackend.refresh_many): per slot from then on.
     backend._calls().per_slot = per_slot or backend._calls().cluster
     counting = CountingRedis(backend)
+    counting.nodes = nodes
     options = LockOptions.resolve(ttl=30, refresh_interval=1)
     run = secrets.token_hex(3)
     tokens = {
@@ -116,12 +131,15 @@ def measure(
         assert thread.native_id is not None
         time.sleep(1.5)  # the first tick
         first, calls = len(counting.ticks), _evalsha_calls(nodes)
+        reaped = len(counting.reaps)
         cpu, start = _thread_cpu_seconds(thread.native_id), time.monotonic()
         time.sleep(window)
         cpu = _thread_cpu_seconds(thread.native_id) - cpu
         elapsed = time.monotonic() - start
         steady = counting.ticks[first:]
-        scripts = _evalsha_calls(nodes) - calls
+        reaps = counting.reaps[reaped:]
+        # The refreshes' scripts: the reaps' (counted around each) are shown apart.
+        scripts = _evalsha_calls(nodes) - calls - sum(n for n, _ in reaps)
         lost = sum(lease.lost for lease in held)
     finally:
         for lease in held:
@@ -139,6 +157,9 @@ def measure(
         if steady
         else None,
         "thread_cpu_percent": round(100 * cpu / elapsed, 1),
+        "reaps": len(reaps),
+        "reap_scripts": sum(n for n, _ in reaps),
+        "reap_seconds": round(sum(t for _, t in reaps), 3),
         "lost": lost,
     }
 
@@ -185,8 +206,9 @@ def section(results: dict[str, Any], load: float, cores: int, loaded: bool) -> s
         f"One run ({run['leases']:,} leases, {run['ticks']} ticks measured on the cluster) on "
         f"{cores} cores, load average {load:.2f} (1 min) before it{busy}:",
         "",
-        "| storage | scripts per tick | median tick | heartbeat thread CPU | raw floor | lost |",
-        "|---|---|---|---|---|---|",
+        "| storage | scripts per tick | median tick | heartbeat thread CPU | raw floor "
+        "| reaps (scripts, time) | lost |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, label in ROWS.items():
         run = results[name]
@@ -196,7 +218,8 @@ def section(results: dict[str, Any], load: float, cores: int, loaded: bool) -> s
         cpu = f"{run['thread_cpu_percent']:.1f} % of a core"
         raw = run.get("raw_floor_cpu_percent")
         floor = "-" if raw is None else f"{raw:.1f} %"
-        lines.append(f"| {label} | {shown} | {tick} | {cpu} | {floor} | {run['lost']} |")
+        reaps = f"{run['reaps']} ({run['reap_scripts']:,}, {run['reap_seconds']:.2f} s)"
+        lines.append(f"| {label} | {shown} | {tick} | {cpu} | {floor} | {reaps} | {run['lost']} |")
     apart = results["single_per_slot"]["thread_cpu_percent"]
     together = max(results["single"]["thread_cpu_percent"], 0.1)
     lines += [
