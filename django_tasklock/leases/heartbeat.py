@@ -40,6 +40,7 @@ import heapq
 import itertools
 import logging
 import math
+import operator
 import threading
 from typing import TYPE_CHECKING
 
@@ -62,6 +63,9 @@ _COMPACT_AFTER = 64
 # A lease due within this share of its refresh interval is refreshed with the
 # ones due now (see Heartbeat._next_due).
 _EARLY = 0.5
+# Leases taken off or put on the heap at once from which one pass over the
+# heap costs less than a pop or push each (see Heartbeat._take, _schedule).
+_SPLIT_AT = 256
 # Seconds an idle thread sleeps before looking at the heap again by itself: the
 # shortest refresh interval seen, within these bounds.
 _IDLE_WAKE = 30.0
@@ -81,6 +85,8 @@ class Heartbeat(BatchRefresher):
         self._mutex = threading.RLock()
         self._cond = threading.Condition(self._mutex)
         self._heap: list[tuple[float, int, Lease]] = []
+        # No entry of the heap is due after this (see _take, _schedule).
+        self._latest = -math.inf
         self._thread: threading.Thread | None = None
         self._running = False  # the thread's liveness, read per lease without is_alive()
         # Backends the thread refreshed through since it last went idle: only
@@ -98,6 +104,7 @@ class Heartbeat(BatchRefresher):
         self._idle_wake = _IDLE_WAKE
         self._taken: list[Lease] = []  # due leases the thread has taken off the heap
         self._waiting = 0  # releases waiting for a refresh under way (see remove)
+        self._in_flight = []  # the leases of the refresh under way
         # This machine's dead holders, reaped between ticks (see ``reaping``).
         self._reaper = Reaper()
         self._reap_now = False
@@ -106,6 +113,8 @@ class Heartbeat(BatchRefresher):
         interval = lease.options.refresh_interval.total_seconds()
         with self._mutex:
             heapq.heappush(self._heap, (lease.next_due, next(self._seq), lease))
+            if lease.next_due > self._latest:
+                self._latest = lease.next_due
             backend = lease.backend
             if id(backend) not in self._unread and not self._clocks.known(backend):
                 # A first reading of its clock, at once: a step from now on is seen.
@@ -148,11 +157,12 @@ class Heartbeat(BatchRefresher):
             lease.expire(inline=True)  # before lock_released, on the releasing thread
         with self._mutex:
             lease.closed = True
-            if wait and lease.refreshing:
+            if wait and lease in self._in_flight:  # by identity: Lease has no __eq__
                 self._waiting += 1
                 try:
                     self._cond.wait_for(
-                        lambda: not lease.refreshing, timeout=lease.options.ttl.total_seconds()
+                        lambda: lease not in self._in_flight,
+                        timeout=lease.options.ttl.total_seconds(),
                     )
                 finally:
                     self._waiting -= 1
@@ -241,8 +251,7 @@ class Heartbeat(BatchRefresher):
                 horizon = now + _EARLY * first
                 due: list[Lease] = []
                 dropped: list[Lease] = []
-                while self._heap and self._heap[0][0] <= horizon:
-                    lease = heapq.heappop(self._heap)[2]
+                for lease in self._take(horizon):
                     if lease.closed:
                         self._closed = max(0, self._closed - 1)
                     elif lease.dropped is not None:
@@ -252,6 +261,51 @@ class Heartbeat(BatchRefresher):
                         due.append(lease)
                 self._taken = due
                 return due, [], dropped
+
+    def _take(self, horizon: float) -> list[Lease]:
+        """Take the leases due by ``horizon`` off the heap, in the order they come due.
+
+        Most often (leases refreshed together come due together) that is the
+        whole heap, or most of it: then taken in one pass and sorted, rather
+        than popped one by one.
+        """
+        heap = self._heap
+        if self._latest <= horizon:  # every entry due
+            self._heap = []
+            self._latest = -math.inf
+        elif len(heap) < _SPLIT_AT or heap[-1][0] > horizon:  # a leaf not due: likely a few
+            taken: list[Lease] = []
+            while heap and heap[0][0] <= horizon:
+                taken.append(heapq.heappop(heap)[2])
+            return taken
+        else:
+            self._heap = [entry for entry in heap if entry[0] > horizon]
+            heapq.heapify(self._heap)
+            heap = [entry for entry in heap if entry[0] <= horizon]
+        heap.sort()  # by (when, seq): the order popping gives
+        return list(map(_lease_of, heap))
+
+    def _schedule(self, leases: list[Lease]) -> None:
+        """Put ``leases`` (not closed) back on the heap, at their ``wake_at`` (under the lock)."""
+        leases = [lease for lease in leases if not lease.closed]
+        if not leases:
+            return
+        whens = [x.next_due if x.pending is None else x.wake_at() for x in leases]
+        # strict=False: the seqs never end; zip takes one only for each lease.
+        entries = zip(whens, self._seq, leases, strict=False)
+        first, last = min(whens), max(whens)
+        if first == last and first >= self._latest:
+            # One time, after every entry's, with seqs in order: appended, they
+            # are in heap order already (each is at least its parent).
+            self._heap.extend(entries)
+        elif len(leases) < _SPLIT_AT:
+            for entry in entries:
+                heapq.heappush(self._heap, entry)
+        else:
+            self._heap.extend(entries)
+            heapq.heapify(self._heap)
+        if last > self._latest:
+            self._latest = last
 
     def _read_new_clocks(self) -> None:
         """The first reading of each new backend's clock (see ``storage_clock``)."""
@@ -305,8 +359,12 @@ class Heartbeat(BatchRefresher):
                 except Exception:  # pragma: no cover - closing is best effort
                     log(logging.DEBUG, "Closing idle connections failed.", exc_info=True)
             by_backend: dict[int, list[Lease]] = {}
-            for lease in due:
-                by_backend.setdefault(id(lease.backend), []).append(lease)
+            backends = list(map(_backend_of, due))
+            if len(set(map(id, backends))) == 1:  # the usual: one backend, no grouping
+                by_backend[id(backends[0])] = due
+            else:
+                for lease, backend in zip(due, backends, strict=True):
+                    by_backend.setdefault(id(backend), []).append(lease)
             for leases in by_backend.values():
                 tick = tick_started(leases)
                 try:
@@ -328,12 +386,13 @@ class Heartbeat(BatchRefresher):
                     again = leases
                 tick_ended(tick)
                 with self._cond:
-                    for lease in again:
-                        if not lease.closed:
-                            heapq.heappush(self._heap, (lease.wake_at(), next(self._seq), lease))
+                    self._schedule(again)
             with self._cond:
                 self._taken = []
 
+
+_backend_of = operator.attrgetter("backend")
+_lease_of = operator.itemgetter(2)
 
 _heartbeat = Heartbeat()
 forks.on_fork(_heartbeat._after_fork)

@@ -133,8 +133,6 @@ class Lease:
         #: Where its lock object was acquired (file, line, function), once that object
         #: was garbage-collected unreleased: the heartbeat then stops refreshing it.
         self.dropped: tuple[str, int, str] | None = None
-        #: True while a refresh of it is under way (under the heartbeat's lock).
-        self.refreshing = False
         #: Set while the release waits for the caller's transaction to end.
         self.pending: PendingRelease | None = None
         self._lost = False

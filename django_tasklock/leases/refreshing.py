@@ -38,6 +38,9 @@ class BatchRefresher:
     _clocks: StorageClocks
     _touched: dict[int, BaseBackend]
     _waiting: int  # releases waiting for a refresh under way
+    #: The leases of the refresh under way (under the condition): one list, not a
+    #: flag set and cleared on each lease.
+    _in_flight: list[Lease]
     #: Per backend, the leases last sent and the tuple of refreshes made of them.
     _batches: dict[int, tuple[list[Lease], tuple[Refresh, ...]]]
 
@@ -47,8 +50,8 @@ class BatchRefresher:
         First the storage's clock is read: if it stepped forward, every lease
         of the process there is brought forward and refreshed in this call
         (see ``storage_clock``). Meanwhile the deadline watcher judges every
-        lease by its ``valid_until``. A lease being refreshed is marked
-        ``refreshing`` until the answer, so that a release can wait for it
+        lease by its ``valid_until``. The leases being refreshed are
+        ``_in_flight`` until the answer, so that a release can wait for it
         (see ``Heartbeat.remove``).
         """
         step = self._clocks.look(leases[0].backend)
@@ -68,6 +71,15 @@ class BatchRefresher:
         again: list[Lease] = looked
         looks = _LOOKS_PER_TICK
         answered_at = clock()
+        if len(answers) == len(live) and all(answers):
+            # Every one still ours (the usual answer): no loss to look into.
+            for lease in live:
+                if not lease.closed:
+                    # Kept even if declared lost by its deadline meanwhile (below).
+                    lease.valid_until = lease.confirmed_until
+                    lease.answered_at = answered_at
+                    again.append(lease)
+            return again
         for lease, still_ours in zip(live, answers, strict=True):
             if lease.closed:
                 continue
@@ -126,8 +138,11 @@ class BatchRefresher:
             self._touched[id(backend)] = backend  # the thread may open connections now
         live: list[Lease] = []
         looked: list[Lease] = []  # waiting for their caller's transaction, not due yet
-        # Seconds of (refresh_interval, ttl) per options object: most leases share one.
-        seconds: dict[int, tuple[float, float]] = {}
+        # Per options object (most leases share one): when a lease refreshed now is
+        # due next, and what the refresh confirms, before its max_lifetime cap.
+        terms: dict[int, tuple[float, float]] = {}
+        last_options: object = None
+        due = until = now
         for lease in leases:
             if lease.pending is not None:
                 try:
@@ -146,16 +161,21 @@ class BatchRefresher:
                     looked.append(lease)  # only a look: no refresh due yet
                     continue
             options = lease.options
-            known = seconds.get(id(options))
-            if known is None:
-                known = seconds[id(options)] = (
-                    options.refresh_interval.total_seconds(),
-                    options.ttl.total_seconds(),
-                )
-            if now >= lease.deadline:
+            if options is not last_options:
+                known = terms.get(id(options))
+                if known is None:
+                    known = terms[id(options)] = (
+                        now + options.refresh_interval.total_seconds(),
+                        now + options.ttl.total_seconds(),
+                    )
+                due, until = known
+                last_options = options
+            deadline = lease.deadline
+            if now >= deadline:
                 lease.lost  # noqa: B018 - declared by its deadline, if not yet
                 continue  # the storage would not extend it any more
-            if lease.answered_at < lease.valid_until <= now:
+            valid_until = lease.valid_until
+            if valid_until <= now and lease.answered_at < valid_until:
                 # Past its deadline with no answer since: not refreshed on
                 # purpose (a progress_timeout stall, below) or this thread slept
                 # through it (a suspend, which the clock counts and the sleep
@@ -165,17 +185,16 @@ class BatchRefresher:
                 lease.lost  # noqa: B018 - declared by its deadline, if not yet
                 continue
             if (
-                lease.pending is None
-                and lease.progress_timeout is not None  # else never stalled: no call
+                lease.progress_timeout is not None  # else never stalled: no call
+                and lease.pending is None
                 and lease.stalled(now)  # progress_timeout passed
             ):
-                if now < lease.valid_until:
-                    lease.next_due = lease.valid_until  # not refreshed: looked at as it runs out
+                if now < valid_until:
+                    lease.next_due = valid_until  # not refreshed: looked at as it runs out
                     looked.append(lease)
                 else:
                     lease.lost  # noqa: B018 - declared by its deadline, if not yet
                 continue
-            due, until, deadline = now + known[0], now + known[1], lease.deadline
             lease.next_due = due if due < deadline else deadline
             # What this refresh confirms, if it does: the storage dates it after now.
             lease.confirmed_until = until if until < deadline else deadline
@@ -184,8 +203,7 @@ class BatchRefresher:
             # Released meanwhile: not sent. The others are waited for by a
             # release that must not be overtaken (see remove()).
             live = [lease for lease in live if not lease.closed]
-            for lease in live:
-                lease.refreshing = True
+            self._in_flight = live
         if not live:
             return live, looked, []
         try:
@@ -194,8 +212,7 @@ class BatchRefresher:
             return live, looked, error
         finally:
             with self._cond:
-                for lease in live:
-                    lease.refreshing = False
+                self._in_flight = []
                 if self._waiting:
                     self._cond.notify_all()
         return live, looked, answers

@@ -10,6 +10,7 @@ process's is judged from what the storage shows (see ``health``).
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,8 @@ class Unreachable:
         return now - self.last <= self.keep
 
 
+_options_of = operator.attrgetter("options")
+
 _last: Tick | None = None
 #: The ticks that may still be behind, replaced whole, never changed in place
 #: (other threads read it without a lock).
@@ -95,7 +98,9 @@ def tick_started(leases: Sequence[Lease]) -> Tick:
     or the look for dead holders that every lease waits behind."""
     global _last, _recent
     now = clock()
-    interval = min(lease.options.refresh_interval.total_seconds() for lease in leases)
+    terms = list(map(_options_of, leases))
+    distinct = dict(zip(map(id, terms), terms, strict=True))  # most leases share one
+    interval = min(options.refresh_interval.total_seconds() for options in distinct.values())
     _last = Tick(started=now, refresh_interval=interval, leases=len(leases))
     _recent = (*(tick for tick in _recent if not _over(tick, now)), _last)
     return _last

@@ -101,3 +101,36 @@ def test_a_list_is_never_kept(alias: str, key: str) -> None:
     assert backend._batch is None
     assert backend.refresh_many((refresh,)) == [False]
     assert backend._batch is not None
+
+
+def test_a_lease_taken_after_a_whole_answer_is_still_found_not_ours(alias: str, key: str) -> None:
+    """The tuple sent again after an answer of "all ours" (which PostgreSQL's
+    answer keeps as the chunk's pairs): a row taken meanwhile is answered False."""
+    from django_tasklock.backends.base import storage_key
+    from django_tasklock.models import CacheEntry
+
+    backend = DatabaseBackend(using=alias)
+    tokens = [f"host:1:token-{n}" for n in range(3)]
+    granted = [
+        backend.acquire(
+            f"{key}-{n}", token, ttl=timedelta(seconds=30), max_lifetime=timedelta(hours=1)
+        )
+        for n, token in enumerate(tokens)
+    ]
+    assert granted == [True, True, True]
+    items = tuple(
+        Refresh(f"{key}-{n}", token, timedelta(seconds=30), timedelta(hours=1))
+        for n, token in enumerate(tokens)
+    )
+    try:
+        assert backend.refresh_many(items) == [True, True, True]
+        assert backend.refresh_many(items) == [True, True, True]
+        CacheEntry.objects.using(alias).filter(key=storage_key(f"{key}-1")).update(
+            value="host:2:someone-else"
+        )
+        assert backend.refresh_many(items) == [True, False, True]
+        CacheEntry.objects.using(alias).filter(key=storage_key(f"{key}-1")).update(value=tokens[1])
+        assert backend.refresh_many(items) == [True, True, True]
+    finally:
+        for n, token in enumerate(tokens):
+            backend.release(f"{key}-{n}", token)

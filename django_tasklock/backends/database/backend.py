@@ -205,19 +205,22 @@ class DatabaseBackend(BaseBackend):
                 self._batch = batch
         rows = batch.rows
         ours: set[tuple[str, str]] = set()
+        exact = False  # see Batch.answers
         if rows:
             model = self._model()
             with alias_for_writing(self.using) as alias:
                 try:
-                    ours = db_statements.refresh(model, alias, rows, batch.payloads)
+                    ours = db_statements.refresh(model, alias, rows, batch.payloads, batch.sent)
                 except Error:
                     # A killed or dropped connection: let the next attempt open a new one.
                     connections[alias].close_if_unusable_or_obsolete()
                     raise
+                exact = connections[alias].vendor == "postgresql"
         if in_test:
+            exact = False
             with self._test_leases_lock:
                 ours |= self._test_leases
-        return [pair in ours for pair in batch.pairs]
+        return batch.answers(ours, exact=exact)
 
     def release(self, key: str, token: str, *, min_hold: timedelta | None = None) -> bool:
         return self.release_outcome(key, token, min_hold=min_hold) is Released.RELEASED

@@ -27,7 +27,7 @@ SQLite has one writer at a time.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -200,6 +200,20 @@ class Batch:
             if not skip or (key, item.token) not in skip
         ]
         self.payloads: dict[int, str] = {}  # PostgreSQL's JSON per chunk, by its first row
+        self.sent: dict[int, frozenset[tuple[str, str]]] = {}  # its pairs, the same way
+        #: Whether every item is sent, and no (stored key, token) pair twice.
+        self.whole = len(self.rows) == len(self.pairs) == len(set(self.pairs))
+
+    def answers(self, ours: set[tuple[str, str]], *, exact: bool) -> list[bool]:
+        """Per item, whether still ours, given the pairs the storage said are ``ours``.
+
+        ``exact``: ``ours`` holds only pairs sent, spelled as sent (PostgreSQL's
+        ``RETURNING``, matched by ``=``): then as many as were sent, all different,
+        means every one, with no look at each.
+        """
+        if exact and self.whole and len(ours) == len(self.pairs):
+            return [True] * len(self.pairs)
+        return [pair in ours for pair in self.pairs]
 
 
 def refresh(
@@ -207,23 +221,37 @@ def refresh(
     alias: str,
     rows: Sequence[Row],
     payloads: dict[int, str] | None = None,
+    sent: dict[int, frozenset[tuple[str, str]]] | None = None,
 ) -> set[tuple[str, str]]:
     """Extend ``rows`` where still held by their token: the (stored key, token) pairs still ours.
 
     One statement per chunk (per ttl and cap outside PostgreSQL), under the
     refresh timeout (see ``timeouts``). ``payloads``: PostgreSQL's JSON of each
-    chunk, filled on first use and reused (see :class:`Batch`).
+    chunk, filled on first use and reused (see :class:`Batch`); ``sent``, the
+    same for each chunk's pairs.
     """
     connection = connections[alias]
     ours: set[tuple[str, str]] = set()
     if connection.vendor == "postgresql":
         known = {} if payloads is None else payloads
+        kept = {} if sent is None else sent
         for start in range(0, len(rows), REFRESH_CHUNK):
             chunk = rows[start : start + REFRESH_CHUNK]
             payload = known.get(start)
             if payload is None:
                 payload = known[start] = postgres_payload(chunk)
-            ours |= refresh_postgres(model, alias, chunk, payload)
+            found: Set[tuple[str, str]] = refresh_postgres(model, alias, chunk, payload)
+            if len(found) == len(chunk):
+                # Every pair sent (so all different): ``RETURNING`` names only
+                # rows sent, each once, spelled as sent (matched by ``=``). The
+                # pairs kept from the first time, not the ones just read: those
+                # die young, and 10,000 leases' answers do not pile up for the
+                # collector's full pass.
+                chunk_pairs = kept.get(start)
+                if chunk_pairs is None:
+                    chunk_pairs = kept[start] = frozenset(found)
+                found = chunk_pairs
+            ours |= found
         return ours
     groups: dict[tuple[timedelta, timedelta], list[tuple[str, str]]] = {}
     for key, token, ttl, cap in rows:
