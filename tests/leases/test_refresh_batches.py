@@ -134,3 +134,71 @@ def test_a_lease_taken_after_a_whole_answer_is_still_found_not_ours(alias: str, 
     finally:
         for n, token in enumerate(tokens):
             backend.release(f"{key}-{n}", token)
+
+
+def _take_over(alias: str, name: str, value: str) -> None:
+    from django_tasklock.backends.base import storage_key
+    from django_tasklock.models import CacheEntry
+
+    CacheEntry.objects.using(alias).filter(key=storage_key(name)).update(value=value)
+
+
+def test_an_answer_of_as_many_rows_as_pairs_is_each_pairs_own(alias: str, key: str) -> None:
+    """An answer of "all ours" is read from a count of rows: a key sent with two tokens, a pair
+    sent twice, or two keys' tokens swapped are still answered lease by lease."""
+    backend = DatabaseBackend(using=alias)
+    ttl, cap = timedelta(seconds=30), timedelta(hours=1)
+    assert backend.acquire(f"{key}-a", "host:1:a", ttl=ttl, max_lifetime=cap)
+    assert backend.acquire(f"{key}-b", "host:1:b", ttl=ttl, max_lifetime=cap)
+    try:
+        two_tokens = (
+            Refresh(f"{key}-a", "host:1:a", ttl, cap),
+            Refresh(f"{key}-a", "host:1:other", ttl, cap),
+        )
+        assert backend.refresh_many(two_tokens) == [True, False]
+        assert backend.refresh_many(two_tokens) == [True, False]
+        twice = (
+            Refresh(f"{key}-a", "host:1:a", ttl, cap),
+            Refresh(f"{key}-a", "host:1:a", ttl, cap),
+            Refresh(f"{key}-none", "host:1:none", ttl, cap),
+        )
+        assert backend.refresh_many(twice) == [True, True, False]
+        swapped = (
+            Refresh(f"{key}-a", "host:1:b", ttl, cap),
+            Refresh(f"{key}-b", "host:1:a", ttl, cap),
+        )
+        assert backend.refresh_many(swapped) == [False, False]
+    finally:
+        backend.release(f"{key}-a", "host:1:a")
+        backend.release(f"{key}-b", "host:1:b")
+
+
+def test_chunks_answered_whole_then_taken_are_answered_per_chunk(
+    alias: str, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of two: after answers of "all ours", a lease taken in one chunk or in
+    two is answered False where it was taken, True elsewhere."""
+    from django_tasklock.backends.database import statements
+
+    monkeypatch.setattr(statements, "REFRESH_CHUNK", 2)
+    backend = DatabaseBackend(using=alias)
+    ttl, cap = timedelta(seconds=30), timedelta(hours=1)
+    tokens = [f"host:1:t{n}" for n in range(5)]
+    for n, token in enumerate(tokens):
+        assert backend.acquire(f"{key}-{n}", token, ttl=ttl, max_lifetime=cap)
+    items = tuple(Refresh(f"{key}-{n}", token, ttl, cap) for n, token in enumerate(tokens))
+    try:
+        assert backend.refresh_many(items) == [True] * 5
+        assert backend.refresh_many(items) == [True] * 5
+        _take_over(alias, f"{key}-3", "host:2:else")
+        assert backend.refresh_many(items) == [True, True, True, False, True]
+        _take_over(alias, f"{key}-3", tokens[3])
+        _take_over(alias, f"{key}-0", "host:2:else")
+        _take_over(alias, f"{key}-4", "host:2:else")
+        assert backend.refresh_many(items) == [False, True, True, True, False]
+        _take_over(alias, f"{key}-0", tokens[0])
+        _take_over(alias, f"{key}-4", tokens[4])
+        assert backend.refresh_many(items) == [True] * 5
+    finally:
+        for n, token in enumerate(tokens):
+            backend.release(f"{key}-{n}", token)
