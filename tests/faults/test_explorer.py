@@ -94,6 +94,8 @@ CI_SCHEDULES, CI_STEPS = 40, 50
 #: The permits' runs' CI size (schedules of CI_STEPS): fewer, as five workers tick
 #: at every step of time (on top of the mutex's runs, some 20 s in all).
 CI_PERMIT_SCHEDULES = 25
+#: Runs of the CI size in which a permits' mutant must be caught (each its own seed).
+MUTANT_RUNS = 3
 LONG = int(os.environ.get("TASKLOCK_EXPLORER_LONG", "0") or 0)
 LONG_STEPS = 50
 #: Kinds of violation (tests/support/explorer.py's KINDS) to note without failing, so
@@ -600,11 +602,26 @@ def test_the_explorer_finds_a_permits_defect(mutant: type[Permits], kind: str, k
     """Within the CI size, the permits' runs catch a backend that breaks their checks.
 
     Every kind is noted rather than raised (no shrinking: the run ends on time),
-    and the one the mutant breaks must be among them.
+    and the one the mutant breaks must be among them. A run of the CI size
+    misses ``MutexBesidePermits`` for about one seed in 25 (measured: a mutex
+    asked where permits live comes up at random), so up to
+    :data:`MUTANT_RUNS` runs, each with a seed of its own, must catch it (one,
+    with ``TASKLOCK_EXPLORER_SEED`` set: a replay).
     """
-    with ExitStack() as stack:
-        storage = Storage("memory", key, stack, wrap=mutant)
-        figures = explore(
-            storage, key, CI_SCHEDULES, CI_STEPS, limit=LIMIT, ignore=frozenset(KINDS)
-        )
-    assert figures["violations_by_kind"].get(kind, 0) > 0, figures["violations_by_kind"]
+    runs = 1 if os.environ.get("TASKLOCK_EXPLORER_SEED") else MUTANT_RUNS
+    seen = []
+    for run in range(runs):
+        with ExitStack() as stack:
+            storage = Storage("memory", f"{key}-{run}", stack, wrap=mutant)
+            figures = explore(
+                storage,
+                f"{key}-{run}",
+                CI_SCHEDULES,
+                CI_STEPS,
+                limit=LIMIT,
+                ignore=frozenset(KINDS),
+            )
+        if figures["violations_by_kind"].get(kind, 0) > 0:
+            return
+        seen.append(figures["violations_by_kind"])
+    pytest.fail(f"{mutant.__name__} not caught ({kind!r}) in {runs} runs: {seen}")
