@@ -73,7 +73,7 @@ def notifying(delete_sql: str) -> str:
         f"WITH ended AS ({delete_sql} RETURNING split_part({key}, chr(31), 1) AS key) "
         f"SELECT CASE WHEN pg_try_advisory_xact_lock({NAMESPACE}, hashtext(ended.key)) "
         f"THEN NULL ELSE pg_notify('{CHANNEL}', "
-        f"ended.key || chr(30) || coalesce({chosen}, '')) END FROM ended"
+        f"ended.key || chr({ord(CHOSEN)}) || coalesce({chosen}, '')) END FROM ended"
     )
 
 
