@@ -22,7 +22,7 @@ import enum
 import hashlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, NamedTuple
 
 from django_tasklock.backends.listening import Watch, unwatched
@@ -37,6 +37,9 @@ KEY_PREFIX = "task-lock:"
 #: A row whose holder acquired it longer ago than this is abandoned, whatever
 #: its ``expires_at``. Equal to the largest allowed ``max_lifetime``.
 STALE_AFTER = MAX_DURATION
+#: How long a "run once more" mark (:meth:`BaseBackend.mark_rerun`) lasts untaken:
+#: the longest a lease can live, so that a mark outlives the lease it was set on.
+RERUN_LIFETIME = MAX_DURATION
 
 
 def storage_key(key: str) -> str:
@@ -164,6 +167,7 @@ class Capabilities:
     ``permits``: :meth:`BaseBackend.acquire_permit` gives ``limit=N`` keys'
     permits, and :meth:`BaseBackend.acquire` refuses a key whose permits are
     held. Without it (this default), only ``limit=1`` is served.
+    ``rerun``: a key can be marked "run once more" (:meth:`BaseBackend.mark_rerun`).
     """
 
     cross_process: bool = True
@@ -171,6 +175,9 @@ class Capabilities:
     dead_holders: bool = False
     #: :meth:`BaseBackend.acquire_permit` is implemented: ``limit=N`` keys.
     permits: bool = False
+    #: :meth:`BaseBackend.mark_rerun`, :meth:`BaseBackend.take_rerun` and
+    #: :meth:`BaseBackend.rerun_marks` are implemented: ``on_locked="rerun"``.
+    rerun: bool = False
 
 
 class BaseBackend(abc.ABC):
@@ -338,6 +345,43 @@ class BaseBackend(abc.ABC):
         successor's. A backend that cannot do this leaves this method as is.
         """
         raise NotImplementedError(f"{type(self).__name__} does not give fencing tokens")
+
+    def mark_rerun(self, key: str, payload: str) -> bool:
+        """Mark ``key`` "run once more", carrying ``payload``, while a live lease holds it.
+
+        True: marked; a mark already there now carries ``payload`` (the latest
+        skipped call's), so many marks make one. The holder takes it with
+        :meth:`take_rerun` before it lets go. False: nobody holds ``key`` live
+        and nothing was written (the caller may take the key itself). The
+        look at the lease and the write are one atomic step against the
+        lease's release and takeover: a mark is written while the lease it saw
+        still holds the key, or not at all. A mark outlives its lease (a
+        holder that dies or loses its lease leaves it to the key's next
+        holder) and lasts :data:`RERUN_LIFETIME` unless taken. Sent twice, it
+        marks once; a copy arriving late marks nothing (the key free) or the
+        next holder's lease (one run more, never one less). A limited key's
+        permits are not leases of ``key``: only a mutex's lease is marked.
+        Backends without ``capabilities.rerun`` leave this method as is.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot mark a key to run again")
+
+    def take_rerun(self, key: str, token: str, taking: str) -> str | None:
+        """While ``token`` holds ``key`` live: take its mark, return its payload; else None.
+
+        The mark is gone once taken (marks written after it make a new one).
+        None when ``key`` is not marked, or ``token`` does not hold it live:
+        then the mark stays, for the key's next holder. ``taking`` names this
+        take (a new random string for each): the same take sent again (its
+        reply lost) answers the same payload, and a copy of it arriving late
+        never takes a mark written after its take was answered.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot mark a key to run again")
+
+    def rerun_marks(self, key: str | None = None) -> dict[str, datetime]:
+        """The keys marked "run once more" (``key``'s alone, if given), each with when
+        it was last marked (aware UTC, by the storage's clock). Marks older than
+        :data:`RERUN_LIFETIME` are not shown."""
+        raise NotImplementedError(f"{type(self).__name__} cannot mark a key to run again")
 
     def reap_dead_holders(self) -> Sequence[HeldLock]:
         """End the live leases of this machine whose holders are provably gone; return them.

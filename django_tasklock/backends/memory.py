@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 
 from django_tasklock.backends.base import (
     PERMIT_SEPARATOR,
+    RERUN_LIFETIME,
     STALE_AFTER,
     BaseBackend,
     Capabilities,
@@ -36,6 +37,16 @@ class _Lease:
     limit: int = 1  # of a permit: the limit it was taken with
 
 
+@dataclasses.dataclass
+class _Mark:
+    """A key's "run once more" mark, and the last take of one (for a take sent again)."""
+
+    payload: str | None = None  # None: not marked now
+    marked: float = 0.0  # by the backend's clock
+    taken_by: str = ""  # the last take's name ...
+    taken: str | None = None  # ... and the payload it took
+
+
 class MemoryBackend(BaseBackend):
     """Leases in a dict guarded by one lock; safe across threads, not processes.
 
@@ -47,7 +58,7 @@ class MemoryBackend(BaseBackend):
     """
 
     capabilities = Capabilities(
-        cross_process=False, server_clock=False, dead_holders=True, permits=True
+        cross_process=False, server_clock=False, dead_holders=True, permits=True, rerun=True
     )
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -56,6 +67,7 @@ class MemoryBackend(BaseBackend):
         self._fences: dict[str, int] = {}  # never swept: fences outlive leases
         # limited key -> the limit its permits were last taken with: where to look
         self._limits: dict[str, int] = {}
+        self._marks: dict[str, _Mark] = {}  # key -> its mark, outliving its leases
         self._lock = ForkSafeLock()
 
     def _live(self, key: str, now: float) -> _Lease | None:
@@ -176,6 +188,46 @@ class MemoryBackend(BaseBackend):
             counter, _ = limited_key(key)  # one counter for all permits of a key
             self._fences[counter] = self._fences.get(counter, 0) + 1
             return self._fences[counter]
+
+    def mark_rerun(self, key: str, payload: str) -> bool:
+        """Mark ``key`` while a live lease (a mutex's) holds it."""
+        with self._lock:
+            now = self._clock()
+            if self._live(key, now) is None:
+                return False
+            mark = self._marks.setdefault(key, _Mark())
+            mark.payload, mark.marked = payload, now
+            return True
+
+    def take_rerun(self, key: str, token: str, taking: str) -> str | None:
+        """Take ``key``'s mark while ``token`` holds it live; ``taking`` again answers alike."""
+        with self._lock:
+            now = self._clock()
+            mark = self._marks.get(key)
+            if mark is None:
+                return None
+            if mark.taken_by == taking:
+                return mark.taken
+            lease = self._live(key, now)
+            if mark.payload is None or lease is None or lease.token != token or lease.released:
+                return None
+            if now - mark.marked > RERUN_LIFETIME.total_seconds():
+                mark.payload = None
+                return None
+            mark.taken_by, mark.taken, mark.payload = taking, mark.payload, None
+            return mark.taken
+
+    def rerun_marks(self, key: str | None = None) -> dict[str, datetime]:
+        with self._lock:
+            now = self._clock()
+            wall = datetime.now(timezone.utc)
+            return {
+                name: wall - timedelta(seconds=now - mark.marked)
+                for name, mark in sorted(self._marks.items())
+                if (key is None or name == key)
+                and mark.payload is not None
+                and now - mark.marked <= RERUN_LIFETIME.total_seconds()
+            }
 
     def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
         """End ``key``'s live lease (only the one named ``lease``, when given)."""

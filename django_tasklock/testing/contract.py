@@ -34,6 +34,7 @@ from django_tasklock.testing.cases_lease import LeaseCases
 from django_tasklock.testing.cases_lock import LockCases
 from django_tasklock.testing.cases_operations import OperationCases
 from django_tasklock.testing.cases_permits import PermitCases
+from django_tasklock.testing.cases_rerun import RerunCases
 from django_tasklock.testing.cases_resend import ResendCases
 from django_tasklock.testing.support import ContractBackend, SignalRecorder
 
@@ -51,6 +52,7 @@ class BackendContract(
     ResendCases,
     DeadHolderCases,
     PermitCases,
+    RerunCases,
 ):
     """docs/guarantees.md, "What you can rely on", items 1 to 12, against ``contract_backend``."""
 
