@@ -72,3 +72,29 @@ class ForcedRelease(models.Model):
 
     def __str__(self) -> str:
         return self.lease
+
+
+class RerunMark(models.Model):
+    """A key marked "run once more" while it was held (``on_locked="rerun"``).
+
+    One row per key ever marked (the caller's key, no prefix), kept apart
+    from ``cache_entries`` so that no sweep of lock rows ends a mark: a mark
+    outlives the lease it was set on, for the key's next holder. ``payload``
+    is the latest skipped call's (NULL: not marked now); ``taken_by`` and
+    ``taken`` name the last take of a mark and what it took, so that the same
+    take sent again (its reply lost) answers alike.
+    """
+
+    key = models.CharField(max_length=255, primary_key=True)
+    payload = models.TextField(null=True)  # noqa: DJ001 - NULL: no mark; "" is one
+    marked_at = models.DateTimeField(null=True)
+    taken_by = models.TextField(default="")
+    taken = models.TextField(null=True)  # noqa: DJ001 - as payload
+
+    class Meta:
+        db_table = "tasklock_reruns"
+        verbose_name = "rerun mark"
+        verbose_name_plural = "rerun marks"
+
+    def __str__(self) -> str:
+        return self.key

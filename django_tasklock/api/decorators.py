@@ -7,11 +7,20 @@ import inspect
 import math
 from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack, ExitStack
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, cast, overload
 
 from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
+from django_tasklock.api.rerun import (
+    ACQUIRED,
+    arun_marked,
+    atake_or_mark,
+    check_rerun,
+    run_marked,
+    take_or_mark,
+    wants_rerun,
+)
 from django_tasklock.api.service import TaskLockService, lock
 from django_tasklock.api.skipped import report_skipped
 from django_tasklock.exceptions import LockNotAcquired
@@ -77,7 +86,7 @@ def exclusive(
     key: str | None = None,
     /,
     *,
-    on_locked: Callable[..., Any] | None = None,
+    on_locked: Callable[..., Any] | Literal["rerun"] | None = None,
     on_lost: OnLost = "continue",
     service: TaskLockService | None = None,
     **options: Unpack[LockKwargs],
@@ -86,7 +95,7 @@ def exclusive(
 def exclusive(
     *,
     key: KeySpec,
-    on_locked: Callable[..., Any] | None = None,
+    on_locked: Callable[..., Any] | Literal["rerun"] | None = None,
     on_lost: OnLost = "continue",
     service: TaskLockService | None = None,
     **options: Unpack[LockKwargs],
@@ -98,7 +107,7 @@ def exclusive(
     /,
     *,
     key: KeySpec = None,
-    on_locked: Callable[..., Any] | None = None,
+    on_locked: Callable[..., Any] | Literal["rerun"] | None = None,
     on_lost: OnLost = "continue",
     service: TaskLockService | None = None,
     **options: Unpack[LockKwargs],
@@ -118,9 +127,13 @@ def exclusive(
     returns ``on_locked(*args, **kwargs)``'s value when given (awaited if it
     is awaitable, in an ``async def``); else, for a Django view (a call with
     an ``HttpRequest`` argument), a ``409 Conflict`` plain-text response;
-    else ``None``. With ``limit=N`` (``@exclusive("export:{tenant_id}",
-    limit=3)``), up to N calls per rendered key run at once, each under one
-    of its permits, and a call finding all N held is skipped the same way.
+    else ``None``. With ``on_locked="rerun"``, a skipped call marks the key
+    instead, and returns as skipped: the call holding the key runs the
+    function once more, with its own arguments, when its run ends (however
+    many calls were skipped meanwhile; see the docs' "Rerun" page). With
+    ``limit=N`` (``@exclusive("export:{tenant_id}", limit=3)``), up to N
+    calls per rendered key run at once, each under one of its permits, and a
+    call finding all N held is skipped the same way.
 
     ``async def`` functions get an ``async def`` wrapper (decided now, not
     per call); the wrapper keeps the function's name, docstring, signature
@@ -165,7 +178,9 @@ def exclusive(
                 f"key must be a str.format template or a callable, not {type(target).__name__}"
             )
         key = target
-    validate_callable("on_locked", on_locked, optional=True)
+    rerun = wants_rerun(on_locked)
+    if not rerun:
+        validate_callable("on_locked", on_locked, optional=True)
     check_lock_kwargs(options, caller="exclusive()", refused=_REFUSED, own=_OWN)
     if "cancel_on_loss" in options:
         raise TypeError("exclusive() takes on_lost='raise', not cancel_on_loss")
@@ -178,7 +193,12 @@ def exclusive(
         validate_callable("func", func)
         # Telemetry names the lock by its template, never by a rendered key.
         named: LockKwargs = {"name": key if isinstance(key, str) else default_key(func), **options}
-        return _wrap(func, KeyBuilder(func, key), named, on_locked, on_lost == "raise", service)
+        build_key, stop = KeyBuilder(func, key), on_lost == "raise"
+        if rerun:
+            return _wrap_rerun(func, build_key, named, stop, service)
+        return _wrap(
+            func, build_key, named, cast("Callable[..., Any] | None", on_locked), stop, service
+        )
 
     return decorate
 
@@ -264,6 +284,78 @@ def _wrap(
         return result
 
     return wrapper
+
+
+def _wrap_rerun(
+    func: Callable[..., Any],
+    build_key: KeyBuilder,
+    options: LockKwargs,
+    stop: bool,
+    service: TaskLockService | None,
+) -> Callable[..., Any]:
+    """``_wrap`` for ``on_locked="rerun"`` (see ``api.rerun``)."""
+    name = f"{func.__module__}.{func.__qualname__}"
+    if iscoroutinefunction(func):
+        options = {**options, "cancel_on_loss": True} if stop else options
+
+        @functools.wraps(func)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            held = _make_lock(build_key, options, service, args, kwargs)
+            check_rerun(held)
+            if await atake_or_mark(held, name) != ACQUIRED:
+                return _when_held(None, args, kwargs, held.seen)
+
+            async def work() -> Any:
+                held.enter_body()
+                error: BaseException | None = None
+                try:
+                    return await func(*args, **kwargs)
+                except BaseException as exc:
+                    error = exc
+                    raise
+                finally:
+                    stopped = held.leave_body(error)
+                    if stopped is not None:
+                        raise stopped from error  # the loss stopped the work
+
+            return await arun_marked(held, work, name)
+
+        return async_wrapper
+
+    advice = "declare it with async def, so that @exclusive holds the lock while it runs"
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        held = _make_lock(build_key, options, service, args, kwargs)
+        check_rerun(held)
+        if take_or_mark(held, name) != ACQUIRED:
+            return _when_held(None, args, kwargs, held.seen)
+
+        def work() -> Any:
+            context = loss.enter(held, stop=stop)
+            try:
+                result = func(*args, **kwargs)
+            finally:
+                loss.leave(context)
+            refuse_coroutine(default_key(func), result, advice=advice)
+            if stop:  # lost while it ran: its result is suspect
+                held.raise_if_lost()
+            return result
+
+        return run_marked(held, work, name)
+
+    return wrapper
+
+
+def _make_lock(
+    build_key: KeyBuilder,
+    options: LockKwargs,
+    service: TaskLockService | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Lock:
+    key = build_key(args, kwargs)
+    return service.lock(key, **options) if service is not None else lock(key, **options)
 
 
 def _when_held(

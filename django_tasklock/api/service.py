@@ -5,9 +5,18 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar, cast
 
-from django_tasklock.api.skipped import report_skipped
+from django_tasklock.api.rerun import (
+    ACQUIRED,
+    arun_marked,
+    atake_or_mark,
+    check_rerun,
+    run_marked,
+    take_or_mark,
+    wants_rerun,
+)
+from django_tasklock.api.skipped import RERUN, report_skipped
 from django_tasklock.backends import get_backend
 from django_tasklock.backends.base import BaseBackend, HeldLock
 from django_tasklock.exceptions import LockNotAcquired
@@ -47,6 +56,8 @@ class LockResult(Generic[T]):
     per key); else None.
     ``permit``: with ``limit`` of 2 or more, which of the key's permits the call
     held (from 0); else None.
+    ``rerun``: with ``on_locked="rerun"``, not acquired: this call marked the key,
+    and its holder runs once more when its run ends.
     """
 
     acquired: bool
@@ -54,6 +65,7 @@ class LockResult(Generic[T]):
     lost: bool = False
     fence: int | None = None
     permit: int | None = None
+    rerun: bool = False
 
 
 class TaskLockService:
@@ -95,7 +107,7 @@ class TaskLockService:
         key: str,
         fn: Callable[[], T],
         *,
-        on_locked: Callable[[], object] | None = None,
+        on_locked: Callable[[], object] | Literal["rerun"] | None = None,
         **options: Unpack[LockKwargs],
     ) -> LockResult[T]:
         """Run ``fn()`` if, and only if, nobody else holds ``key``.
@@ -103,7 +115,9 @@ class TaskLockService:
         Args:
             key: the caller's key (1 to 245 characters), stored as ``"task-lock:" + key``.
             fn: a zero-argument callable; its return value becomes ``result``.
-            on_locked: zero-argument callable called when the key is held elsewhere.
+            on_locked: zero-argument callable called when the key is held elsewhere;
+                or ``"rerun"``: mark the key, so that its holder runs its work once
+                more when its run ends (``LockResult.rerun``; see the docs' "Rerun" page).
             ttl: seconds or timedelta the lease lasts unless refreshed (default 15 min).
             refresh_interval: how often the heartbeat extends the lease while ``fn``
                 runs (default ``ttl / 3``; must be less than ``ttl``).
@@ -149,6 +163,11 @@ class TaskLockService:
         """
         lock = self.lock(key, **options)  # the key and every option, validated once
         validate_sync_callable("fn", fn, twin="arun_exclusive")
+        if wants_rerun(on_locked):
+            check_rerun(lock)
+            refuse_event_loop(lock.key, "run_exclusive()", "await arun_exclusive()")
+            return self._run_marked(lock, fn)
+        on_locked = cast("Callable[[], object] | None", on_locked)
         validate_sync_callable("on_locked", on_locked, twin="arun_exclusive", optional=True)
         refuse_event_loop(lock.key, "run_exclusive()", "await arun_exclusive()")
         acquired, result = False, None
@@ -175,12 +194,34 @@ class TaskLockService:
             acquired=True, result=result, lost=lock.lost, fence=lock.fence, permit=lock.permit
         )
 
+    @staticmethod
+    def _run_marked(lock: Lock, fn: Callable[[], T]) -> LockResult[T]:
+        """``run_exclusive`` with ``on_locked="rerun"`` (see ``api.rerun``)."""
+        name = _name(fn)
+        outcome = take_or_mark(lock, name)
+        if outcome != ACQUIRED:
+            return LockResult(acquired=False, rerun=outcome == RERUN)
+
+        def work() -> T:
+            context = loss.enter(lock, stop=False)
+            try:
+                result = fn()
+            finally:
+                loss.leave(context)
+            refuse_coroutine("fn", result, advice=_ASYNC_ADVICE)
+            return result
+
+        result = run_marked(lock, work, name)
+        return LockResult(
+            acquired=True, result=result, lost=lock.lost, fence=lock.fence, permit=lock.permit
+        )
+
     async def arun_exclusive(
         self,
         key: str,
         async_fn: Callable[[], Awaitable[T]],
         *,
-        on_locked: Callable[[], object] | None = None,
+        on_locked: Callable[[], object] | Literal["rerun"] | None = None,
         **options: Unpack[LockKwargs],
     ) -> LockResult[T]:
         """The asyncio twin of :meth:`run_exclusive`: ``await async_fn()`` under the lock.
@@ -197,6 +238,10 @@ class TaskLockService:
         """
         lock = self.lock(key, **options)  # the key and every option, validated once
         validate_callable("async_fn", async_fn)
+        if wants_rerun(on_locked):
+            check_rerun(lock)
+            return await self._arun_marked(lock, async_fn)
+        on_locked = cast("Callable[[], object] | None", on_locked)
         validate_callable("on_locked", on_locked, optional=True)
         acquired, result = False, None
         try:
@@ -220,6 +265,32 @@ class TaskLockService:
             acquired=True, result=result, lost=lock.lost, fence=lock.fence, permit=lock.permit
         )
 
+    @staticmethod
+    async def _arun_marked(lock: Lock, async_fn: Callable[[], Awaitable[T]]) -> LockResult[T]:
+        """``arun_exclusive`` with ``on_locked="rerun"`` (see ``api.rerun``)."""
+        name = _name(async_fn)
+        outcome = await atake_or_mark(lock, name)
+        if outcome != ACQUIRED:
+            return LockResult(acquired=False, rerun=outcome == RERUN)
+
+        async def work() -> T:
+            lock.enter_body()  # current_lock(), cancel_on_loss: as for any `async with`
+            error: BaseException | None = None
+            try:
+                return await awaited("async_fn", async_fn(), twin="run_exclusive")
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                stopped = lock.leave_body(error)
+                if stopped is not None:
+                    raise stopped from error  # the loss stopped the work
+
+        result = await arun_marked(lock, work, name)
+        return LockResult(
+            acquired=True, result=result, lost=lock.lost, fence=lock.fence, permit=lock.permit
+        )
+
 
 def _name(fn: object) -> str:
     """How the log names the work: ``module.qualname`` of a function, else its repr."""
@@ -239,7 +310,7 @@ def run_exclusive(
     key: str,
     fn: Callable[[], T],
     *,
-    on_locked: Callable[[], object] | None = None,
+    on_locked: Callable[[], object] | Literal["rerun"] | None = None,
     **options: Unpack[LockKwargs],
 ) -> LockResult[T]:
     """:meth:`TaskLockService.run_exclusive` on the service of ``TASKLOCK_BACKEND``."""
@@ -250,7 +321,7 @@ async def arun_exclusive(
     key: str,
     async_fn: Callable[[], Awaitable[T]],
     *,
-    on_locked: Callable[[], object] | None = None,
+    on_locked: Callable[[], object] | Literal["rerun"] | None = None,
     **options: Unpack[LockKwargs],
 ) -> LockResult[T]:
     """:meth:`TaskLockService.arun_exclusive` on the service of ``TASKLOCK_BACKEND``."""

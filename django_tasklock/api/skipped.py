@@ -22,8 +22,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_tasklock")
 
 
-def report_skipped(lock: Lock, what: str) -> HeldLock | None:
+#: ``lock_skipped``'s ``outcome`` when the call only did not run.
+SKIPPED = "skipped"
+#: ``lock_skipped``'s ``outcome`` when the call marked the key: its holder runs once more.
+RERUN = "rerun"
+
+
+def report_skipped(lock: Lock, what: str, outcome: str = SKIPPED) -> HeldLock | None:
     """Log and signal that ``what`` (the work's name) did not run: ``lock``'s key was held.
+
+    ``outcome`` (:data:`SKIPPED` or :data:`RERUN`) goes to the log line and
+    to ``lock_skipped``.
 
     Returns the lease seen holding the key, or None when its holder has let go
     since (or it could not be read). Never raises for the storage's sake: a
@@ -36,40 +45,47 @@ def report_skipped(lock: Lock, what: str) -> HeldLock | None:
             held = lock.backend.peek(lock.key)
         except Exception:
             logger.debug("Reading the holder of %r failed.", lock.key, exc_info=True)
-    _log(lock.key, what, held, lock.limit)
+    _log(lock.key, what, held, lock.limit, outcome)
     if observe.observer is not None:
         observe.observer.skipped(lock)
-    for receiver, outcome in lock_skipped.send_robust(
+    for receiver, answer in lock_skipped.send_robust(
         sender=type(lock.backend),
         key=lock.key,
         holder=held.holder if held is not None else None,
         acquired_at=held.acquired_at if held is not None else None,
         expires_at=held.expires_at if held is not None else None,
+        outcome=outcome,
     ):
-        if isinstance(outcome, Exception):
+        if isinstance(answer, Exception):
             logger.error(
                 "A receiver of lock_skipped about %r failed: %r raised %r "
                 "(traceback on the django.dispatch logger).",
                 lock.key,
                 receiver,
-                outcome,
+                answer,
             )
     return held
 
 
-def _log(key: str, what: str, held: HeldLock | None, limit: int) -> None:
+def _log(key: str, what: str, held: HeldLock | None, limit: int, outcome: str) -> None:
+    then = " Marked: its holder runs it once more when done." if outcome == RERUN else ""
     if limit > 1:
-        logger.info("Skipped %s: all %s permits of task lock %r were held.", what, limit, key)
+        logger.info(
+            "Skipped %s: all %s permits of task lock %r were held.%s", what, limit, key, then
+        )
         return
     if held is None:
-        logger.info("Skipped %s: task lock %r was held (its holder has let go since).", what, key)
+        logger.info(
+            "Skipped %s: task lock %r was held (its holder has let go since).%s", what, key, then
+        )
         return
     logger.info(
-        "Skipped %s: task lock %r is held by host %s, pid %s (acquired at %s, expires at %s).",
+        "Skipped %s: task lock %r is held by host %s, pid %s (acquired at %s, expires at %s).%s",
         what,
         key,
         held.holder.host,
         held.holder.pid if held.holder.pid is not None else "?",
         held.acquired_at.isoformat(),
         held.expires_at.isoformat(),
+        then,
     )

@@ -568,6 +568,18 @@ class Lock(AsyncLockMethods):
         finally:
             self._dismiss()
 
+    def take_rerun(self) -> str | None:
+        """While held and not lost: take the key's "run once more" mark (``on_locked="rerun"``).
+
+        Its payload when a skipped call marked the key since the last take
+        (the caller then runs its work again, still holding the key); None
+        when unmarked, lost or not held. One storage call while held.
+        """
+        lease = self._lease
+        if lease is None or not self._held or lease.lost:
+            return None
+        return self.backend.take_rerun(lease.key, lease.token, new_token())
+
     def __enter__(self) -> Lock:
         self.acquire()
         self._context = loss.enter(self, stop=False)

@@ -163,9 +163,14 @@ class RerunCases:
             token = new_token()
             assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
             marked: list[bool] = []
-            marker = threading.Thread(
-                target=lambda found=marked: found.append(backend.mark_rerun(key, "r"))
-            )
+
+            def mark(found: list[bool] = marked) -> None:
+                try:
+                    found.append(backend.mark_rerun(key, "r"))
+                finally:
+                    backend.close()  # this thread's connections
+
+            marker = threading.Thread(target=mark)
             marker.start()
             released = backend.release(key, token)
             marker.join(60)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import Error, connections
@@ -42,6 +42,7 @@ from django_tasklock.backends.base import (
     limited_key,
     storage_key,
 )
+from django_tasklock.backends.database import reruns as db_reruns
 from django_tasklock.backends.database import rows as db_rows
 from django_tasklock.backends.database import statements as db_statements
 from django_tasklock.backends.database.acquisitions import insert_lease
@@ -89,7 +90,7 @@ class DatabaseBackend(BaseBackend):
     alone: keep work under a ``TestCase`` shorter than its ``ttl``.
     """
 
-    capabilities = Capabilities(dead_holders=True, permits=True)
+    capabilities = Capabilities(dead_holders=True, permits=True, rerun=True)
     #: Databases whose fence is one upsert statement (the others: a transaction).
     single_statement_fence_vendors: tuple[str, ...] = ("postgresql", "sqlite")
 
@@ -270,6 +271,28 @@ class DatabaseBackend(BaseBackend):
             ):
                 return next_fence_upsert(alias, counter_key(key), held)
             return next_fence_in_transaction(alias, counter_key(key), held)
+
+    @names_missing_table
+    @retry_on_new_connection  # sent twice, it marks once
+    @retry_when_busy
+    def mark_rerun(self, key: str, payload: str) -> bool:
+        """A short transaction: the live lease's row locked, then the mark (``reruns``)."""
+        with alias_for_writing(self.using) as alias:
+            return db_reruns.mark(self._model(), alias, storage_key(key), key, payload)
+
+    @names_missing_table
+    @retry_on_new_connection  # sent twice, it answers alike (``taking``)
+    @retry_when_busy
+    def take_rerun(self, key: str, token: str, taking: str) -> str | None:
+        """A short transaction: the mark's row locked, read, and taken (``reruns``)."""
+        with alias_for_writing(self.using) as alias:
+            return db_reruns.take(self._model(), alias, storage_key(key), key, token, taking)
+
+    @names_missing_table
+    @retry_when_busy
+    def rerun_marks(self, key: str | None = None) -> dict[str, datetime]:
+        with alias_for_reading(self.using) as alias:
+            return db_reruns.marked(alias, key)
 
     @names_missing_table
     @retry_when_busy
