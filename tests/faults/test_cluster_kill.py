@@ -42,7 +42,7 @@ from django_tasklock.backends.redis import RedisBackend
 from django_tasklock.backends.redis.slots import key_slot
 from django_tasklock.backends.redis.urls import TIMEOUT_S
 from django_tasklock.testing.proxy import FaultProxy
-from tests.support.cluster import PrivateCluster
+from tests.support.cluster import NodeDidNotStart, PrivateCluster, bindable
 from tests.support.replication import Trial, summary
 
 pytestmark = pytest.mark.slow
@@ -160,6 +160,24 @@ class KillableCluster(PrivateCluster):
         process.wait(10)
         self.proxies[port].heal()  # for the node started again
 
+    def restart(self, port: int) -> None:
+        """Start the killed node again on its own port (where its proxy forwards).
+
+        Should the port (or its bus port) be held for a moment by another
+        process's socket, the start is tried again once both are free.
+        """
+        for attempt in range(3):
+            try:
+                self.start_node(port)
+                return
+            except NodeDidNotStart:
+                if attempt == 2:
+                    raise
+                _until(
+                    lambda: bindable(port) and bindable(port + 10000),
+                    f"ports {port} and {port + 10000} are still taken",
+                )
+
     def fail_over(self, shard: int, replica: int) -> None:
         """Until the cluster promoted ``replica`` and every node says ``cluster_state:ok``."""
 
@@ -254,7 +272,7 @@ def trial(
         )
         for load in loads
     )
-    cluster.start_node(master)  # it rejoins, the replica of its successor
+    cluster.restart(master)  # it rejoins, the replica of its successor
     return with_ack, without
 
 

@@ -25,7 +25,7 @@ from tests.support.servers import require_binary
 MASTERS = 3
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", port))
@@ -34,11 +34,29 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def _ephemeral_ports() -> range:
+    """The ports this machine hands out to outgoing connections (Linux; else its default)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    except (OSError, ValueError):
+        return range(32768, 61000)
+    return range(int(low), int(high) + 1)
+
+
 def _free_node_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free too, both below 65536."""
+    """A free port whose cluster bus port (port + 10000) is free too, both below 65536,
+    and both below the ephemeral range when it leaves room: a node killed and
+    started again on its port (tests/faults/test_cluster_kill.py) must find it
+    free, not taken meanwhile by some process's outgoing connection."""
+    ephemeral = _ephemeral_ports()
+    below = ephemeral.start - 10000 > 10000
     while True:
-        port = random.randrange(20000, 40000)
-        if _bindable(port) and _bindable(port + 10000):
+        port = (
+            random.randrange(10000, ephemeral.start - 10000)
+            if below
+            else random.randrange(20000, 40000)
+        )
+        if bindable(port) and bindable(port + 10000):
             return port
 
 
