@@ -20,7 +20,7 @@ from django.db import connections
 
 from django_tasklock import TaskLockService
 from tests.jobs import BUILTIN_TASKS, PATIENCE, wait_for
-from tests.support import framework_runs, processes
+from tests.support import framework_runs, processes, rerun_runs
 
 pytestmark = pytest.mark.databases
 
@@ -129,3 +129,12 @@ def test_two_db_workers_fifty_overlapping_tasks_of_one_key_never_overlap(
     assert sorted(outcome(result) for result in results) == sorted(
         ["ran"] * len(runs.ran_by) + ["skipped"] * len(runs.skipped_by)
     )
+
+
+@pytest.mark.usefixtures("db_workers")
+def test_db_workers_twenty_triggers_during_a_run_make_exactly_one_more_run(
+    tasks: Any, tmp_path: Path
+) -> None:
+    queued = tasks.rebuild.using(backend="database")
+    key = f"rerun-{tmp_path.name}"
+    rerun_runs.twenty_triggers(lambda: queued.enqueue(key, str(tmp_path)), tmp_path)

@@ -6,7 +6,7 @@ import os
 
 from django_tasklock import exclusive
 from tests.jobs import hold
-from tests.support import framework_runs
+from tests.support import framework_runs, rerun_runs
 
 try:  # Django >= 6.0
     from django.tasks import task
@@ -33,3 +33,14 @@ def record(key: str, signals: str, pause: float) -> str:
     """Hold ``django-task:key`` for ``pause`` seconds; write the interval held and the process."""
     framework_runs.held_for(signals, pause, os.getpid())
     return "ran"
+
+
+@exclusive("django-task:{key}", ttl=60, on_locked="rerun")
+def _rebuild(key: str, signals: str, worker: int) -> bool:
+    return rerun_runs.body(signals, worker)
+
+
+@task()
+def rebuild(key: str, signals: str) -> None:
+    """``rerun_runs.job`` of a function under ``@exclusive(..., on_locked="rerun")``."""
+    rerun_runs.job(lambda folder, worker: _rebuild(key, folder, worker), signals, os.getpid())
