@@ -47,7 +47,7 @@ def report_skipped(lock: Lock, what: str, outcome: str = SKIPPED) -> HeldLock | 
             logger.debug("Reading the holder of %r failed.", lock.key, exc_info=True)
     _log(lock.key, what, held, lock.limit, outcome)
     if observe.observer is not None:
-        observe.observer.skipped(lock)
+        observe.observer.skipped(lock, outcome)
     for receiver, answer in lock_skipped.send_robust(
         sender=type(lock.backend),
         key=lock.key,

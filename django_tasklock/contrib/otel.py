@@ -113,9 +113,11 @@ class Telemetry:
         if hold is not None:
             hold.end()
 
-    def skipped(self, lock: observe.ObservedLock) -> None:
+    def skipped(self, lock: observe.ObservedLock, outcome: str) -> None:
         if self.live():
-            self.skips.add(1, self.attributes(lock, lock.backend))
+            found = self.attributes(lock, lock.backend)
+            found["tasklock.skipped.outcome"] = outcome
+            self.skips.add(1, found)
 
     def heartbeat(self, leases: list[Lease]) -> AbstractContextManager[object]:
         return self._tick(leases) if self.live() else nullcontext()

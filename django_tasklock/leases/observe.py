@@ -67,8 +67,9 @@ class Observer(Protocol):
     def released(self, lease: Lease) -> None:
         """The release of ``lease`` was sent (or failed): its hold ends."""
 
-    def skipped(self, lock: ObservedLock) -> None:
-        """Work did not run because ``lock``'s key was held."""
+    def skipped(self, lock: ObservedLock, outcome: str) -> None:
+        """Work did not run because ``lock``'s key was held; ``outcome``: ``"skipped"``,
+        or ``"rerun"`` when the call marked the key to run once more."""
 
     def heartbeat(self, leases: list[Lease]) -> AbstractContextManager[object]:
         """Around one tick's refresh of ``leases`` (all of one backend)."""

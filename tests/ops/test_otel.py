@@ -126,9 +126,19 @@ def test_held_elsewhere_is_no_error(
             },
             HOLD_DURATION: {found: 1},
             ACTIVE: {found: 0},
-            "tasklock.skipped": {found: 1},
+            "tasklock.skipped": {found | attrs(skipped_outcome="skipped"): 1},
         }
     )
+
+
+def test_a_call_that_marks_the_key_to_run_once_more_is_counted_so(
+    store: ContractBackend, telemetry: Telemetry, key: str
+) -> None:
+    service = TaskLockService(store.backend)
+    with service.lock(key, name="rebuild"):
+        assert service.run_exclusive(key, lambda: None, name="rebuild", on_locked="rerun").rerun
+    found = attrs(name="rebuild", backend=backend_of(store))
+    assert list(telemetry.points("tasklock.skipped")) == [found | attrs(skipped_outcome="rerun")]
 
 
 def test_a_wait_that_times_out(store: ContractBackend, telemetry: Telemetry, key: str) -> None:

@@ -40,7 +40,7 @@ def test_a_django_cron_job_is_named_by_its_key(telemetry: Telemetry, key: str) -
     assert names(telemetry, "tasklock.acquire") == [name, name]
     assert names(telemetry, "tasklock.hold") == [name]
     [point] = telemetry.points("tasklock.skipped")
-    assert point == attrs(name=name, backend="database")
+    assert point == attrs(name=name, backend="database", skipped_outcome="skipped")
 
 
 def test_a_huey_lock_task_decorator_is_named_by_its_lock_name(
@@ -62,7 +62,7 @@ def test_a_huey_lock_task_decorator_is_named_by_its_lock_name(
     assert names(telemetry, "tasklock.hold")[0] == key
     assert names(telemetry, "tasklock.acquire")[:3] == [key, None, key]  # None: the test's
     [point] = telemetry.points("tasklock.skipped")
-    assert point == attrs(name=key, backend="database")
+    assert point == attrs(name=key, backend="database", skipped_outcome="skipped")
     # The context manager's name may be rendered per call (f"rebuild:{day}"): not reported.
     with lock_task(key, ttl=60):
         pass
