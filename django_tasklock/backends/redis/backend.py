@@ -19,12 +19,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django_tasklock.backends.base import (
     KEY_PREFIX,
     PERMIT_SEPARATOR,
+    RERUN_LIFETIME,
     STALE_AFTER,
     BaseBackend,
     Capabilities,
@@ -55,12 +56,20 @@ from django_tasklock.backends.redis.releases import half_migrated, release_lease
 from django_tasklock.backends.redis.replicas import (
     DEFAULT_TIMEOUT,
     ack_from_settings,
+    mark_unconfirmed,
     replica_ack,
     send_and_wait,
     unconfirmed,
 )
-from django_tasklock.backends.redis.replies import held_lock, permits_held, text
-from django_tasklock.backends.redis.scripts import fence_key, held_at, tombstone_key
+from django_tasklock.backends.redis.replies import at_ms, held_lock, permits_held, text
+from django_tasklock.backends.redis.scripts import (
+    RERUN_PREFIX,
+    fence_key,
+    held_at,
+    key_of_mark,
+    rerun_key,
+    tombstone_key,
+)
 from django_tasklock.backends.redis.signals import RedisListener
 from django_tasklock.backends.redis.slots import tag_for
 from django_tasklock.backends.redis.urls import RedisURLError, parse_url
@@ -77,6 +86,7 @@ if TYPE_CHECKING:
 
 _STALE_MS = int(STALE_AFTER / timedelta(milliseconds=1))
 _STALE_ARG = b"%d" % _STALE_MS  # bytes: redis-py sends them as they are, no encoding per call
+_RERUN_MS = int(RERUN_LIFETIME / timedelta(milliseconds=1))
 _BATCH = 500
 # Acquisitions that find the key held by a process of this machine gone, take
 # it over, and find it held by another gone one: at most so many in a row.
@@ -97,9 +107,10 @@ class RedisBackend(BaseBackend):
     ``min_replicas`` (``TASKLOCK_REDIS_MIN_REPLICAS``): after each acquisition
     and fence, ``WAIT`` for that many replicas, at most ``replica_timeout``
     (``TASKLOCK_REDIS_REPLICA_TIMEOUT``, 1 s); fewer is ``ReplicationNotConfirmed``.
+    A "run once more" mark (:meth:`mark_rerun`) is waited for alike.
     """
 
-    capabilities = Capabilities(dead_holders=True, permits=True)
+    capabilities = Capabilities(dead_holders=True, permits=True, rerun=True)
 
     def __init__(
         self,
@@ -421,6 +432,48 @@ class RedisBackend(BaseBackend):
         reply = self._grant("fence", key, token, keys, args)
         return None if reply is None else int(reply)
 
+    def mark_rerun(self, key: str, payload: str) -> bool:
+        """The ``mark`` script: the mark ``tasklock-rerun:{<tag>}<key>`` (a hash in the
+        lease's slot) written in the script that finds a live mutex's lease at the key.
+
+        With ``min_replicas``, a mark written is followed by ``WAIT``; fewer
+        replicas than asked is ``ReplicationNotConfirmed`` (the mark stays, and
+        may be lost in a failover: the caller is told it is not known to last).
+        """
+        keys = [storage_key(key), rerun_key(key)]
+        args = [payload, _RERUN_MS, _STALE_ARG]
+        scripts = self._calls()
+        if self._ack is None:
+            return bool(scripts.run("mark", keys, args))
+        reply, acked = send_and_wait(scripts, "mark", keys, args, self._ack)
+        if reply == 1 and acked < self._ack.count:
+            raise mark_unconfirmed(key, self._ack, acked)
+        return bool(reply)
+
+    def take_rerun(self, key: str, token: str, taking: str) -> str | None:
+        """The ``take`` script: the mark's payload moved aside under ``taking``, while
+        ``token`` holds the key's live lease; ``taking`` sent again answers alike."""
+        keys = [storage_key(key), rerun_key(key)]
+        args = [token, taking, _STALE_ARG, self._calls().tombstone_ms]
+        reply = self._calls().run("take", keys, args)
+        return None if reply is None else text(reply)
+
+    def rerun_marks(self, key: str | None = None) -> dict[str, datetime]:
+        """``key``'s mark (the ``marked`` script), or every mark found with ``SCAN``
+        (on a cluster, of every master), ordered by key."""
+        if key is not None:
+            reply = self._run("marked", rerun_key(key), _RERUN_MS)
+            return {} if reply is None else {key: at_ms(int(reply))}
+        found = self._scan(RERUN_PREFIX)
+        marks: dict[str, datetime] = {}
+        for start in range(0, len(found), _BATCH):
+            batch = found[start : start + _BATCH]
+            calls: list[Call] = [("marked", [name], [_RERUN_MS]) for name in batch]
+            for name, reply in zip(batch, self._calls().run_many(calls), strict=True):
+                if reply is not None:
+                    marks[key_of_mark(text(name))] = at_ms(int(reply))
+        return dict(sorted(marks.items()))
+
     def force_release(self, key: str, lease: str | None = None) -> HeldLock | None:
         """Look, then delete by the token seen (the ``evict`` script): never a successor's.
 
@@ -435,8 +488,8 @@ class RedisBackend(BaseBackend):
         self._run("evict", stored, text(reply[0]), *slot)
         return found
 
-    def _run_all(self, name: str, *args: Any) -> list[tuple[str, Any]]:
-        """Run a script on every key in the namespace: (caller's key, reply) by key."""
+    def _scan(self, prefix: str) -> list[Any]:
+        """Every key whose name starts with ``prefix`` (found with ``SCAN``), sorted."""
         # SCAN may return a key twice; the set keeps counts and listings exact.
         # On a cluster, redis-py's scan_iter SCANs every master it knows: the
         # layout is read again first, or a master that joined (or was promoted)
@@ -444,7 +497,12 @@ class RedisBackend(BaseBackend):
         scripts = self._calls()
         if scripts.cluster:
             scripts.client.nodes_manager.initialize()
-        found = sorted(set(scripts.client.scan_iter(match=KEY_PREFIX + "*", count=_BATCH)))
+        return sorted(set(scripts.client.scan_iter(match=prefix + "*", count=_BATCH)))
+
+    def _run_all(self, name: str, *args: Any) -> list[tuple[str, Any]]:
+        """Run a script on every key in the namespace: (caller's key, reply) by key."""
+        scripts = self._calls()
+        found = self._scan(KEY_PREFIX)
         results = []
         for start in range(0, len(found), _BATCH):
             batch = found[start : start + _BATCH]

@@ -5,7 +5,10 @@ lease may never have sent it to the replica that a failover promotes, which
 then grants the key again. With ``min_replicas`` set, every acquisition (and
 fence) is followed by ``WAIT min_replicas timeout_ms``; a grant that fewer
 replicas confirmed in time is released by its token and fails with
-:class:`~django_tasklock.exceptions.ReplicationNotConfirmed`.
+:class:`~django_tasklock.exceptions.ReplicationNotConfirmed`. So is a "run
+once more" mark written (``mark_rerun``), whose loss would be one run less:
+one too few replicas confirmed is left as written and fails with
+:class:`MarkNotConfirmed`.
 
 ``WAIT`` counts the writes of the connection it is sent on, so it must follow
 the script on the same connection: both are sent on one connection taken
@@ -198,6 +201,27 @@ def _script_then_wait(
 def _unknown(redirect: Exception) -> Any:
     """A redirect to a node the client does not know: raised (the lock then releases)."""
     raise redirect
+
+
+class MarkNotConfirmed(ReplicationNotConfirmed):
+    """A "run once more" mark (``mark_rerun``) written, but confirmed by fewer replicas
+    than asked within the timeout: it stays, and a failover may lose it (``released``
+    is False: nothing was undone). Its message says so, not "not acquired"."""
+
+    def __init__(
+        self, key: str, wanted: int, confirmed: int, timeout: timedelta, released: bool = False
+    ) -> None:
+        super().__init__(key, wanted, confirmed, timeout, released)
+        self.args = (
+            f"The rerun mark of task lock {key!r} was written, but {confirmed} of the "
+            f"{wanted} replica(s) asked for (TASKLOCK_REDIS_MIN_REPLICAS) confirmed it "
+            f"within {timeout}: a failover may lose it.",
+        )
+
+
+def mark_unconfirmed(key: str, ack: ReplicaAck, confirmed: int) -> MarkNotConfirmed:
+    """The error for a mark too few replicas confirmed (the mark is left as written)."""
+    return MarkNotConfirmed(key, ack.count, confirmed, ack.timeout)
 
 
 def unconfirmed(

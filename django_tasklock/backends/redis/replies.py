@@ -22,6 +22,11 @@ def text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
+def at_ms(ms: int) -> datetime:
+    """A time the server gave in milliseconds since 1970, as an aware UTC datetime."""
+    return _EPOCH + timedelta(milliseconds=ms)
+
+
 def held_lock(key: str, reply: Any) -> HeldLock | None:
     """The lease the ``inspect`` script read at ``key``, or None when it found none."""
     if not reply:

@@ -166,9 +166,10 @@ local function release_permit(key, field, tombstone, token, hold_ms, keep_ms)
 end
 """
 
-# Each script but "refresh_many" takes KEYS[1], the stored key ("fence" also
-# KEYS[2], the key's counter; "release", "acquire" and "permit" KEYS[2], the
-# token's tombstone). A permit's keys are its limited key's.
+# Each script but "refresh_many" and "marked" takes KEYS[1], the stored key
+# ("fence" also KEYS[2], the key's counter; "release", "acquire" and "permit"
+# KEYS[2], the token's tombstone; "mark" and "take" KEYS[2], the key's mark).
+# A permit's keys are its limited key's.
 #: Fence counters live outside the lock namespace (``task-lock:``), so that
 #: SCAN-based listing and sweeping never see them; they have no TTL.
 FENCE_PREFIX = "tasklock-fence:"
@@ -178,6 +179,14 @@ FENCE_PREFIX = "tasklock-fence:"
 #: release sent again (its reply lost) can tell its own deletion from a lease that
 #: expired or was force-released, and a late acquisition by the token writes nothing.
 RELEASED_PREFIX = "tasklock-released:"
+#: A key's "run once more" mark (``mark_rerun``): a hash at
+#: ``tasklock-rerun:{<tag>}<key>``, in the lease's slot and outside the lock
+#: namespace, so that the namespace's SCANs (``list``, ``clear_stale``, the
+#: reaper) never see it, and it outlives the lease. Fields: ``payload`` (absent:
+#: not marked), ``marked`` (server ms of the last mark), ``taken_by`` and
+#: ``taken`` (the last take's name and the payload it took, for the same take
+#: sent again). It lives ``RERUN_LIFETIME`` from the last mark (PEXPIRE).
+RERUN_PREFIX = "tasklock-rerun:"
 
 
 def held_at(name: str) -> str:
@@ -210,6 +219,23 @@ def tombstone_key(key: str, token: str) -> str:
     if PERMIT_SEPARATOR in key:
         key = key.partition(PERMIT_SEPARATOR)[0]
     return f"{RELEASED_PREFIX}{tag_for(storage_key(key))}{key}@{token}"
+
+
+def rerun_key(key: str) -> str:
+    """``tasklock-rerun:{<tag>}<key>``: ``key``'s mark, in the lease ``task-lock:<key>``'s slot.
+
+    Only a mutex's lease is marked: a permit's name gives a key no lease is
+    stored at (permits live in their limited key's hash), never marked.
+    """
+    return f"{RERUN_PREFIX}{tag_for(storage_key(key))}{key}"
+
+
+def key_of_mark(name: str) -> str:
+    """The caller's key of a mark's name (:func:`rerun_key`): the prefix and the tag cut.
+
+    The tag holds no ``}`` (letters, digits, ``-``, ``_``): its first ``}`` ends it.
+    """
+    return name[len(RERUN_PREFIX) :].partition("}")[2]
 
 
 SCRIPTS = {
@@ -557,6 +583,58 @@ redis.call('HSET', KEYS[1], LIMIT, ARGV[3])  -- one field a call: Redis before 4
 redis.call('HSET', KEYS[1], chosen, lease)
 tidy(KEYS[1], now)
 return tonumber(chosen) + 1
+""",
+    # KEYS[2]: the key's mark (``rerun_key``). ARGV: payload, lifetime_ms,
+    # stale_ms. 1, the payload written (the latest mark's: many make one) and
+    # the mark set to live lifetime_ms more, while a live mutex's lease holds
+    # the key (one its release cut for min_hold too); else 0, writing nothing
+    # (the key free, or held by permits, or by a value not written here). One
+    # script: no release or takeover falls between the look and the write.
+    # Sent twice, it marks once; a copy arriving late finds the key free
+    # (nothing written) or the next holder's lease, which then runs once more.
+    "mark": """
+local value = redis.pcall('GET', KEYS[1])
+local now = now_ms()
+if not parse(value) or is_free(KEYS[1], now, tonumber(ARGV[3])) then return 0 end
+redis.call('HSET', KEYS[2], 'payload', ARGV[1])  -- one field a call: Redis before 4.0 too
+redis.call('HSET', KEYS[2], 'marked', string.format('%.0f', now))
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+""",
+    # KEYS[2]: the key's mark. ARGV: token, taking (this take's name),
+    # stale_ms, keep_ms (the client's retry window). The same take sent again
+    # (the mark's taken_by is ``taking``) answers the payload it took, and
+    # takes nothing more: a late copy never takes a mark written after it was
+    # answered. Else, while ``token`` holds the key's live lease (not cut by a
+    # min_hold release, not a permit), the mark's payload ("" is one: a string,
+    # unlike nil), moved to ``taken`` under ``taking``, the mark kept for at
+    # least keep_ms so that the take sent again finds it; else nil, the mark
+    # left to the key's next holder.
+    "take": """
+if redis.call('HGET', KEYS[2], 'taken_by') == ARGV[2] then
+  return redis.call('HGET', KEYS[2], 'taken')
+end
+local payload = redis.call('HGET', KEYS[2], 'payload')
+if not payload then return nil end
+local token, _, released = parse(redis.pcall('GET', KEYS[1]))
+if token ~= ARGV[1] or released or is_free(KEYS[1], now_ms(), tonumber(ARGV[3])) then
+  return nil
+end
+redis.call('HSET', KEYS[2], 'taken', payload)
+redis.call('HSET', KEYS[2], 'taken_by', ARGV[2])
+redis.call('HDEL', KEYS[2], 'payload', 'marked')
+local keep = tonumber(ARGV[4])
+if redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], keep) end
+return payload
+""",
+    # KEYS[1]: a key's mark (no lease key: only read). ARGV: lifetime_ms. When
+    # it was last marked (server ms) while it carries a payload no older than
+    # lifetime_ms, else nil (also at a key that is no hash). For ``rerun_marks``.
+    "marked": """
+local at = redis.pcall('HGET', KEYS[1], 'marked')
+if type(at) ~= 'string' or redis.call('HEXISTS', KEYS[1], 'payload') == 0 then return nil end
+if now_ms() - tonumber(at) > tonumber(ARGV[1]) then return nil end
+return tonumber(at)
 """,
     # The live permits of a limited key: {now_ms, limit, number, token,
     # acquired_ms, ms_left, number, token...}; {} at any other key. For ``list``.
