@@ -80,15 +80,17 @@ class RerunMark(models.Model):
     One row per key ever marked (the caller's key, no prefix), kept apart
     from ``cache_entries`` so that no sweep of lock rows ends a mark: a mark
     outlives the lease it was set on, for the key's next holder. ``payload``
-    is the latest skipped call's (NULL: not marked now); ``taken_by`` and
-    ``taken`` name the last take of a mark and what it took, so that the same
-    take sent again (its reply lost) answers alike.
+    is the latest skipped call's (NULL: not marked now); ``taken_by``,
+    ``taken_number`` and ``taken`` are the last take by a live holder (its
+    token, the take's number, its answer), so that the same take sent again
+    (its reply lost) answers alike, and an earlier one arriving late takes nothing.
     """
 
     key = models.CharField(max_length=255, primary_key=True)
     payload = models.TextField(null=True)  # noqa: DJ001 - NULL: no mark; "" is one
     marked_at = models.DateTimeField(null=True)
     taken_by = models.TextField(default="")
+    taken_number = models.BigIntegerField(default=0)
     taken = models.TextField(null=True)  # noqa: DJ001 - as payload
 
     class Meta:

@@ -365,15 +365,20 @@ class BaseBackend(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot mark a key to run again")
 
-    def take_rerun(self, key: str, token: str, taking: str) -> str | None:
+    def take_rerun(self, key: str, token: str, taking: int) -> str | None:
         """While ``token`` holds ``key`` live: take its mark, return its payload; else None.
 
         The mark is gone once taken (marks written after it make a new one).
         None when ``key`` is not marked, or ``token`` does not hold it live:
-        then the mark stays, for the key's next holder. ``taking`` names this
-        take (a new random string for each): the same take sent again (its
-        reply lost) answers the same payload, and a copy of it arriving late
-        never takes a mark written after its take was answered.
+        then the mark stays, for the key's next holder. ``taking`` numbers the
+        takes of ``token``'s lease: each a larger number than the one before
+        (the lock counts 1, 2, 3...), the same take sent again (its reply lost)
+        the same number. The storage keeps, per key, the last take of a live
+        holder, with its number and answer: a take whose number is not above
+        it takes nothing, and answers what that take answered (the same
+        number) or None (a smaller one). So a copy arriving late, after a
+        later take or a new mark, never takes a mark written after it was
+        answered.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot mark a key to run again")
 

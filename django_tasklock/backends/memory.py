@@ -43,8 +43,9 @@ class _Mark:
 
     payload: str | None = None  # None: not marked now
     marked: float = 0.0  # by the backend's clock
-    taken_by: str = ""  # the last take's name ...
-    taken: str | None = None  # ... and the payload it took
+    taken_by: str = ""  # the token of the last take by a live holder ...
+    taken_number: int = 0  # ... its number ...
+    taken: str | None = None  # ... and its answer
 
 
 class MemoryBackend(BaseBackend):
@@ -199,23 +200,23 @@ class MemoryBackend(BaseBackend):
             mark.payload, mark.marked = payload, now
             return True
 
-    def take_rerun(self, key: str, token: str, taking: str) -> str | None:
-        """Take ``key``'s mark while ``token`` holds it live; ``taking`` again answers alike."""
+    def take_rerun(self, key: str, token: str, taking: int) -> str | None:
+        """Take ``key``'s mark while ``token`` holds it live; a take not above the last answers
+        as that did (see ``BaseBackend.take_rerun``)."""
         with self._lock:
             now = self._clock()
             mark = self._marks.get(key)
-            if mark is None:
-                return None
-            if mark.taken_by == taking:
-                return mark.taken
+            if mark is not None and mark.taken_by == token and taking <= mark.taken_number:
+                return mark.taken if taking == mark.taken_number else None
             lease = self._live(key, now)
-            if mark.payload is None or lease is None or lease.token != token or lease.released:
+            if lease is None or lease.token != token or lease.released:
                 return None
-            if now - mark.marked > RERUN_LIFETIME.total_seconds():
-                mark.payload = None
-                return None
-            mark.taken_by, mark.taken, mark.payload = taking, mark.payload, None
-            return mark.taken
+            mark = self._marks.setdefault(key, _Mark())
+            fresh = now - mark.marked <= RERUN_LIFETIME.total_seconds()
+            answer = mark.payload if fresh else None
+            mark.taken_by, mark.taken_number, mark.taken = token, taking, answer
+            mark.payload = None
+            return answer
 
     def rerun_marks(self, key: str | None = None) -> dict[str, datetime]:
         with self._lock:

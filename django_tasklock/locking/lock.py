@@ -444,6 +444,7 @@ class Lock(AsyncLockMethods):
         self.fence: int | None = None
         self._backend = backend
         self._lease: Lease | None = None
+        self._takes: tuple[Lease | None, int] = (None, 0)  # take_rerun's last, of which lease
         self._held = False
         #: The holder seen by the last look at the key that found it held (see skipped).
         self.seen: HeldLock | None = None
@@ -578,7 +579,11 @@ class Lock(AsyncLockMethods):
         lease = self._lease
         if lease is None or not self._held or lease.lost:
             return None
-        return self.backend.take_rerun(lease.key, lease.token, new_token())
+        # The takes of one lease are numbered 1, 2, 3...: a copy of one arriving
+        # late, after a later take, takes nothing (``BaseBackend.take_rerun``).
+        taken = self._takes[1] + 1 if self._takes[0] is lease else 1
+        self._takes = (lease, taken)
+        return self.backend.take_rerun(lease.key, lease.token, taken)
 
     def __enter__(self) -> Lock:
         self.acquire()

@@ -38,6 +38,7 @@ class Migration(migrations.Migration):
                 ("payload", models.TextField(null=True)),
                 ("marked_at", models.DateTimeField(null=True)),
                 ("taken_by", models.TextField(default="")),
+                ("taken_number", models.BigIntegerField(default=0)),
                 ("taken", models.TextField(null=True)),
             ],
             options={

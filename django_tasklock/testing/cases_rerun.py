@@ -4,7 +4,8 @@ A backend with the capability ``rerun`` keeps, next to a key's lease, at most
 one mark carrying the latest skipped call's payload (``mark_rerun``). Only a
 live lease can be marked; the mark outlives the lease (its holder's release,
 loss or death leaves it to the key's next holder), and the holder takes it
-bound to its token (``take_rerun``), once, even when the take is sent twice.
+bound to its token (``take_rerun``), once, even when a take is sent twice or
+arrives late.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from django_tasklock.api.service import new_token
 from django_tasklock.backends.base import BaseBackend
 from django_tasklock.testing.support import LIFE, LONG, ContractBackend, wait_until
 
+_TAKES: dict[str, int] = {}
+
 
 def take(backend: BaseBackend, key: str, token: str) -> str | None:
-    """``backend.take_rerun`` under a new name for the take."""
-    return backend.take_rerun(key, token, new_token())
+    """``backend.take_rerun`` as the lock calls it: the token's next take (1, 2, 3...)."""
+    _TAKES[token] = _TAKES.get(token, 0) + 1
+    return backend.take_rerun(key, token, _TAKES[token])
 
 
 class RerunCases:
@@ -113,16 +117,44 @@ class RerunCases:
         backend, token = rerun_backend, new_token()
         assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
         assert backend.mark_rerun(key, "first")
-        taking = new_token()
-        assert backend.take_rerun(key, token, taking) == "first"
-        assert backend.take_rerun(key, token, taking) == "first", (
+        assert backend.take_rerun(key, token, 1) == "first"
+        assert backend.take_rerun(key, token, 1) == "first", (
             "the take sent again (its reply lost) lost the payload the first took"
         )
         assert backend.mark_rerun(key, "second")
         # A copy of the first take arriving late: never takes the newer mark.
-        assert backend.take_rerun(key, token, taking) != "second"
+        assert backend.take_rerun(key, token, 1) == "first"
         assert list(backend.rerun_marks(key)) == [key]
-        assert take(backend, key, token) == "second"
+        assert backend.take_rerun(key, token, 2) == "second"
+        assert backend.release(key, token)
+
+    def test_a_take_arriving_after_a_later_one_takes_nothing(
+        self, rerun_backend: BaseBackend, key: str
+    ) -> None:
+        """Take 1 answered (sent again), take 2 found nothing, a new mark: take 1's first
+        copy, arriving now, must leave that mark to take 3."""
+        backend, token = rerun_backend, new_token()
+        assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        assert backend.mark_rerun(key, "first")
+        assert backend.take_rerun(key, token, 1) == "first"
+        assert backend.take_rerun(key, token, 2) is None
+        assert backend.mark_rerun(key, "second")
+        assert backend.take_rerun(key, token, 1) is None, "a late copy took a newer mark"
+        assert backend.take_rerun(key, token, 3) == "second"
+        assert backend.release(key, token)
+
+    def test_a_take_that_found_nothing_arriving_late_takes_nothing(
+        self, rerun_backend: BaseBackend, key: str
+    ) -> None:
+        """Take 1 found no mark (its answer given, sent again); a mark comes; take 1's first
+        copy arrives: it answers as before, and the mark waits for take 2."""
+        backend, token = rerun_backend, new_token()
+        assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
+        assert backend.take_rerun(key, token, 1) is None
+        assert backend.mark_rerun(key, "owed")
+        assert backend.take_rerun(key, token, 1) is None, "a late copy took a newer mark"
+        assert list(backend.rerun_marks(key)) == [key]
+        assert backend.take_rerun(key, token, 2) == "owed"
         assert backend.release(key, token)
 
     def test_a_mark_sent_twice_marks_once(self, rerun_backend: BaseBackend, key: str) -> None:
@@ -179,6 +211,7 @@ class RerunCases:
             found = backend.rerun_marks(key)
             assert bool(found) == marked[0], (round_, marked, found)
             if found:  # left for the next holder: take it, for the next round
-                assert backend.acquire(key, token, ttl=LONG, max_lifetime=LIFE)
-                assert take(backend, key, token) == "r"
-                assert backend.release(key, token)
+                successor = new_token()  # the released token's own would be refused
+                assert backend.acquire(key, successor, ttl=LONG, max_lifetime=LIFE)
+                assert take(backend, key, successor) == "r"
+                assert backend.release(key, successor)

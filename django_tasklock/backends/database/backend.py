@@ -281,9 +281,9 @@ class DatabaseBackend(BaseBackend):
             return db_reruns.mark(self._model(), alias, storage_key(key), key, payload)
 
     @names_missing_table
-    @retry_on_new_connection  # sent twice, it answers alike (``taking``)
+    @retry_on_new_connection  # sent twice, it answers alike (its number, ``taking``)
     @retry_when_busy
-    def take_rerun(self, key: str, token: str, taking: str) -> str | None:
+    def take_rerun(self, key: str, token: str, taking: int) -> str | None:
         """A short transaction: the mark's row locked, read, and taken (``reruns``)."""
         with alias_for_writing(self.using) as alias:
             return db_reruns.take(self._model(), alias, storage_key(key), key, token, taking)

@@ -12,11 +12,13 @@ committed before the release, which then finds it, or the release goes
 first and the UPDATE finds no row (PostgreSQL re-checks a row deleted while
 it waited; InnoDB's UPDATE reads the latest row), and nothing is written.
 
-A take writes the mark's row first (its lock), then reads it and the lease
-of the token, then moves the payload to ``taken`` under the take's name.
-Sent again (its reply lost), the take finds its own name and answers the
-same payload; a copy arriving after a newer mark finds its name too, and
-leaves that mark alone. Marks older than ``RERUN_LIFETIME`` count as none.
+A take writes the mark's row first (its lock; a holder's first take of a
+key never marked makes the row), then reads it and the lease of the token,
+then records itself (the token, the take's number, its answer) and moves
+the payload to its answer. Sent again (its reply lost), the take finds its
+own number and answers alike; an earlier take of the same lease arriving
+late finds a larger number, and takes nothing. Marks older than
+``RERUN_LIFETIME`` count as none.
 """
 
 from __future__ import annotations
@@ -64,22 +66,47 @@ def mark(model: type[CacheEntry], alias: str, stored: str, key: str, payload: st
 
 
 def take(
-    model: type[CacheEntry], alias: str, stored: str, key: str, token: str, taking: str
+    model: type[CacheEntry], alias: str, stored: str, key: str, token: str, taking: int
 ) -> str | None:
     """Take ``key``'s mark while ``token`` holds its live lease (see the module)."""
     marks = _marks(alias).filter(key=key)
-    with transaction.atomic(using=alias):
-        if not marks.update(taken_by=F("taken_by")):  # the mark's row, locked; or none
-            return None
-        payload, taken_by, taken = marks.values_list("payload", "taken_by", "taken").get()
-        if taken_by == taking:
-            return taken  # sent again, or arriving late: what this take took
-        if payload is None or not fresh(marks).exists():
-            return None
+    for _ in range(2):  # the second time, the row made the first time exists
+        with transaction.atomic(using=alias):
+            if marks.update(taken_by=F("taken_by")):  # the mark's row, locked
+                return _take_locked(model, alias, stored, marks, token, taking)
         if not live_lease(model, alias, stored, token).exists():
-            return None  # the mark stays, for the key's next holder
-        marks.update(payload=None, marked_at=None, taken_by=taking, taken=payload)
-        return payload
+            return None  # not the holder: nothing to take, nothing to record
+        # No row yet: one to record the take in (a marker may be making it too).
+        _marks(alias).bulk_create([_blank(key)], ignore_conflicts=True)
+    raise AssertionError(f"the mark row of {key!r} was made, then was not there")
+
+
+def _take_locked(
+    model: type[CacheEntry],
+    alias: str,
+    stored: str,
+    marks: QuerySet[RerunMark],
+    token: str,
+    taking: int,
+) -> str | None:
+    payload, taken_by, number, taken = marks.values_list(
+        "payload", "taken_by", "taken_number", "taken"
+    ).get()
+    if taken_by == token and taking <= number:
+        # Sent again (the same number), or a take before it arriving late: what
+        # that take answered, or nothing; never a mark written since.
+        return taken if taking == number else None
+    if not live_lease(model, alias, stored, token).exists():
+        return None  # the mark stays, for the key's next holder
+    answer = payload if payload is not None and fresh(marks).exists() else None
+    marks.update(payload=None, marked_at=None, taken_by=token, taken_number=taking, taken=answer)
+    return answer
+
+
+def _blank(key: str) -> RerunMark:
+    from django_tasklock.models import RerunMark
+
+    return RerunMark(key=key, payload=None, marked_at=None, taken_by="", taken_number=0)
 
 
 def fresh(marks: QuerySet[RerunMark]) -> QuerySet[RerunMark]:

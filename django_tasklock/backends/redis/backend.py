@@ -450,9 +450,9 @@ class RedisBackend(BaseBackend):
             raise mark_unconfirmed(key, self._ack, acked)
         return bool(reply)
 
-    def take_rerun(self, key: str, token: str, taking: str) -> str | None:
-        """The ``take`` script: the mark's payload moved aside under ``taking``, while
-        ``token`` holds the key's live lease; ``taking`` sent again answers alike."""
+    def take_rerun(self, key: str, token: str, taking: int) -> str | None:
+        """The ``take`` script: the mark's payload moved to the take's answer, recorded
+        with the token and ``taking``, while ``token`` holds the key's live lease."""
         keys = [storage_key(key), rerun_key(key)]
         args = [token, taking, _STALE_ARG, self._calls().tombstone_ms]
         reply = self._calls().run("take", keys, args)

@@ -183,9 +183,11 @@ RELEASED_PREFIX = "tasklock-released:"
 #: ``tasklock-rerun:{<tag>}<key>``, in the lease's slot and outside the lock
 #: namespace, so that the namespace's SCANs (``list``, ``clear_stale``, the
 #: reaper) never see it, and it outlives the lease. Fields: ``payload`` (absent:
-#: not marked), ``marked`` (server ms of the last mark), ``taken_by`` and
-#: ``taken`` (the last take's name and the payload it took, for the same take
-#: sent again). It lives ``RERUN_LIFETIME`` from the last mark (PEXPIRE).
+#: not marked), ``marked`` (server ms of the last mark), ``taken_by``,
+#: ``taken_number`` and ``taken`` (the last take by a live holder: its token,
+#: number and answer, for the same take sent again, and against an earlier one
+#: arriving late). It lives ``RERUN_LIFETIME`` from the last mark (PEXPIRE),
+#: and at least the client's retry window after a take.
 RERUN_PREFIX = "tasklock-rerun:"
 
 
@@ -601,27 +603,38 @@ redis.call('HSET', KEYS[2], 'marked', string.format('%.0f', now))
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return 1
 """,
-    # KEYS[2]: the key's mark. ARGV: token, taking (this take's name),
-    # stale_ms, keep_ms (the client's retry window). The same take sent again
-    # (the mark's taken_by is ``taking``) answers the payload it took, and
-    # takes nothing more: a late copy never takes a mark written after it was
-    # answered. Else, while ``token`` holds the key's live lease (not cut by a
-    # min_hold release, not a permit), the mark's payload ("" is one: a string,
-    # unlike nil), moved to ``taken`` under ``taking``, the mark kept for at
-    # least keep_ms so that the take sent again finds it; else nil, the mark
-    # left to the key's next holder.
+    # KEYS[2]: the key's mark. ARGV: token, taking (this take's number among
+    # the takes of the token's lease: 1, 2, 3...), stale_ms, keep_ms (the
+    # client's retry window). The mark keeps the last take of a live holder
+    # (taken_by: its token, taken_number, taken: its answer, absent for none).
+    # A take of that token whose number is not above it takes nothing: the
+    # same take sent again answers alike, an earlier one arriving late nil;
+    # so a late copy never takes a mark written after it was answered. Else,
+    # while ``token`` holds the key's live lease (not cut by a min_hold
+    # release, not a permit), the take is recorded, the mark's payload ("" is
+    # one: a string, unlike nil) moved to its answer, and the hash kept at
+    # least keep_ms, for the take sent again; else nil, nothing written, the
+    # mark left to the key's next holder.
     "take": """
-if redis.call('HGET', KEYS[2], 'taken_by') == ARGV[2] then
-  return redis.call('HGET', KEYS[2], 'taken')
+if redis.call('HGET', KEYS[2], 'taken_by') == ARGV[1] then
+  local number = tonumber(redis.call('HGET', KEYS[2], 'taken_number'))
+  if number and tonumber(ARGV[2]) <= number then
+    if tonumber(ARGV[2]) == number then return redis.call('HGET', KEYS[2], 'taken') end
+    return nil
+  end
 end
-local payload = redis.call('HGET', KEYS[2], 'payload')
-if not payload then return nil end
 local token, _, released = parse(redis.pcall('GET', KEYS[1]))
 if token ~= ARGV[1] or released or is_free(KEYS[1], now_ms(), tonumber(ARGV[3])) then
   return nil
 end
-redis.call('HSET', KEYS[2], 'taken', payload)
-redis.call('HSET', KEYS[2], 'taken_by', ARGV[2])
+local payload = redis.call('HGET', KEYS[2], 'payload')
+if payload then
+  redis.call('HSET', KEYS[2], 'taken', payload)
+else
+  redis.call('HDEL', KEYS[2], 'taken')
+end
+redis.call('HSET', KEYS[2], 'taken_by', ARGV[1])  -- one field a call: Redis before 4.0 too
+redis.call('HSET', KEYS[2], 'taken_number', ARGV[2])
 redis.call('HDEL', KEYS[2], 'payload', 'marked')
 local keep = tonumber(ARGV[4])
 if redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], keep) end
