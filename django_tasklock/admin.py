@@ -18,6 +18,13 @@ Who may do what:
   ``CacheEntry``, ``object_repr`` the caller's key, ``object_id`` the stored
   key), so it appears in "Recent actions".
 
+With a backend that marks keys "run once more" (``on_locked="rerun"``,
+``capabilities.rerun``), a column Rerun says "marked" of each marked key
+held (since when in its tooltip: the column is kept narrow, for 1280 px),
+and a marked key nobody holds (its holder raised, lost its lease or died)
+is a line of its own, with nothing to release. The marks are read once for
+the page (``rerun_marks()``), not per row.
+
 A ``limit=N`` key held by permits is one entry of the list, saying how many
 of its N permits are held ("2 of 3 permits held"), with a row for each permit
 by its number (as stored, from 0). A permit is named by its key and its number
@@ -30,6 +37,7 @@ stored key.
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 import django
@@ -73,14 +81,22 @@ def _row(lock: HeldLock) -> dict[str, Any]:
     }
 
 
-def _group(held: display.Held) -> dict[str, Any]:
-    """One key of the list: its rows, and (held as permits) how many are held."""
+def _group(held: display.Held, marked_at: datetime | None = None) -> dict[str, Any]:
+    """One key of the list: its rows, (held as permits) how many are held, and when it
+    was last marked to run once more (None: not marked)."""
+    rerun = None if marked_at is None else display.when(marked_at, zone=False)
     return {
         "key": held.key,
+        "held": True,
         "limited": held.limited,
         "permits_held": display.permits_held(len(held.permits), held.limit),
-        "rows": [_row(lock) for lock in held.locks],
+        "rows": [{**_row(lock), "rerun": rerun} for lock in held.locks],
     }
+
+
+def _unheld(key: str, marked_at: datetime) -> dict[str, Any]:
+    """A key marked to run once more that nobody holds: one line, no lease to release."""
+    return {"key": key, "held": False, "not_held": display.not_held(marked_at), "rows": []}
 
 
 def _permit(value: str) -> int | None:
@@ -155,30 +171,48 @@ class TaskLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             raise PermissionDenied
         query = request.GET.get("q", "").strip()
         error = None
+        marks: dict[str, datetime] | None = None
         try:
             backend = TaskLockService().backend
             locks = backend.list()
+            if backend.capabilities.rerun:  # once for the page, not per row
+                marks = backend.rerun_marks()
         except Exception as exc:  # an unreachable storage is shown, not a 500
             logger.warning("The Task locks page could not list locks.", exc_info=True)
             locks, error = [], f"{type(exc).__name__}: {exc}"
         total = len(display.by_key(locks))
         if query:  # in the caller's key: a permit's stored name is nobody's to search
             locks = [lock for lock in locks if query.casefold() in display.key(lock).casefold()]
+            marks = marks and {
+                key: when for key, when in marks.items() if query.casefold() in key.casefold()
+            }
+        marks = marks or {}
         groups = display.by_key(locks)
+        listed = [
+            _unheld(key, marks[key]) if held is None else _group(held, marks.get(key))
+            for key, held in display.with_unheld(groups, marks, lambda held: held.key)
+        ]
+        show_fence = display.has_fences(locks)
+        show_rerun = any(held.key in marks for held in groups)
+        can_release = self.has_force_release_permission(request)
         context = {
             **self.admin_site.each_context(request),
             "title": "Task locks",
             "subtitle": None,
             "opts": self.opts,
             "storage": None if error else display.storage(backend),
-            "groups": [_group(held) for held in groups],
+            "groups": listed,
             "shown": len(groups),
             "leases": len(locks),
             "total": total,
+            "unheld": len(listed) - len(groups),
             "query": query,
             "error": error,
-            "show_fence": display.has_fences(locks),
-            "can_release": self.has_force_release_permission(request),
+            "show_fence": show_fence,
+            "show_rerun": show_rerun,
+            # the columns after Key, which a key's one line (its permits, or a mark) spans
+            "span": 6 + show_fence + show_rerun + can_release,
+            "can_release": can_release,
             **self.breadcrumbs((self._plural, None)),
             **(extra_context or {}),
         }

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import heapq
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -120,13 +122,39 @@ def permits_held(count: int, limit: int | None = None) -> str:
     return f"{count} permit held" if count == 1 else f"{count} permits held"
 
 
-def as_json(lock: HeldLock) -> dict[str, Any]:
+def rerun_marked(marks: dict[str, datetime] | None, name: str) -> datetime | None:
+    """When the caller's key ``name`` was last marked "run once more"; None if it is not
+    (or ``marks`` is None: the backend cannot mark keys)."""
+    return None if marks is None else marks.get(name)
+
+
+def not_held(marked_at: datetime) -> str:
+    """What a marked key nobody holds is, in words: the line ``list`` and the admin show."""
+    return f"not held; marked to run once more (since {when(marked_at)})"
+
+
+def with_unheld(
+    items: Iterable[Any], marks: dict[str, datetime] | None, name: Any
+) -> Iterator[tuple[str, Any]]:
+    """``items`` (each named by ``name(item)``, in the storage's order by key) as
+    ``(key, item)``, with each key of ``marks`` no item has as ``(key, None)``, merged
+    in by key: the marked keys nobody holds, among the held ones."""
+    listed = [(name(item), item) for item in items]
+    held = {key for key, _ in listed}
+    unheld = [(key, None) for key in sorted(marks or {}) if key not in held]
+    return heapq.merge(listed, unheld, key=lambda pair: pair[0])
+
+
+def as_json(lock: HeldLock, marks: dict[str, datetime] | None = None) -> dict[str, Any]:
     """One lock as a JSON object; times in ISO 8601, UTC, with their offset.
 
     ``holder_gone``: :func:`gone` (null when it cannot be told from here).
     ``key`` is the caller's key, a permit's too; ``permit`` the permit's
     number (:func:`permit`) and ``limit`` its key's limit, both null for a
-    mutex's lease.
+    mutex's lease. ``held`` is true (:func:`unheld_as_json` gives the false
+    ones). ``marks``: the backend's :meth:`~BaseBackend.rerun_marks`, or None
+    for a backend that cannot mark keys: then ``rerun_marked_at`` is left out,
+    else it is when the key was last marked to run once more, or null.
     """
     row: dict[str, Any] = {
         "key": key(lock),
@@ -139,10 +167,39 @@ def as_json(lock: HeldLock) -> dict[str, Any]:
         "seconds_held": round(seconds_held(lock), 3),
         "seconds_left": round(lock.seconds_left, 3),
         "holder_gone": gone(lock),
+        "held": True,
     }
+    if marks is not None:
+        marked_at = rerun_marked(marks, key(lock))
+        row["rerun_marked_at"] = None if marked_at is None else utc(marked_at).isoformat()
     if fence(lock) is not None:
         row["fence"] = fence(lock)
     return row
+
+
+#: The fields of :func:`as_json` that describe a lease: null for a key nobody holds.
+LEASE_FIELDS = (
+    "permit",
+    "limit",
+    "host",
+    "pid",
+    "acquired_at",
+    "expires_at",
+    "seconds_held",
+    "seconds_left",
+    "holder_gone",
+)
+
+
+def unheld_as_json(name: str, marked_at: datetime) -> dict[str, Any]:
+    """A key marked "run once more" that nobody holds, shaped as :func:`as_json`'s
+    objects: its lease's fields null, ``held`` false."""
+    return {
+        "key": name,
+        **dict.fromkeys(LEASE_FIELDS),
+        "held": False,
+        "rerun_marked_at": utc(marked_at).isoformat(),
+    }
 
 
 def printable(text: str) -> str:

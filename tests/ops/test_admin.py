@@ -426,6 +426,59 @@ def test_fences_are_shown_when_the_backend_has_them(
     assert '<td class="field-fence">17</td>' in html
 
 
+def test_marks_are_read_once_for_the_page_and_searched(
+    memory: BaseBackend, admin_client_: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in ("rollups-a", "rollups-b", "search-index"):
+        hold(memory, key, new_token())
+        assert memory.mark_rerun(key, "")
+    calls = []
+    marks = memory.rerun_marks
+
+    def counted(key: str | None = None) -> Any:
+        calls.append(key)
+        return marks(key)
+
+    monkeypatch.setattr(memory, "rerun_marks", counted)
+    html = admin_client_.get(LIST_URL).content.decode()
+    assert calls == [None]
+    assert html.count('<span class="rerun-marked"') == 3
+    html = admin_client_.get(LIST_URL, {"q": "ROLLUPS"}).content.decode()
+    assert html.count('<span class="rerun-marked"') == 2
+    assert "search-index" not in html
+
+
+def test_a_marked_key_nobody_holds_is_a_line_without_release(
+    memory: BaseBackend, admin_client_: Client
+) -> None:
+    token = new_token()
+    hold(memory, "rollups", token)
+    assert memory.mark_rerun("rollups", "")
+    assert memory.release("rollups", token)
+    html = admin_client_.get(LIST_URL).content.decode()
+    assert "No locks held." not in html
+    assert re.search(
+        r'<td class="field-not-held" colspan="7">not held; marked to run once more \(since ', html
+    )
+    assert "<span>Rerun</span>" not in html  # no key held is marked
+    assert "deletelink" not in html
+    assert "0 of 0 held; 1 marked to run once more, not held" in html
+    assert "No held lock matches" in admin_client_.get(LIST_URL, {"q": "other"}).content.decode()
+
+
+def test_no_marks_without_the_capability(
+    memory: BaseBackend, admin_client_: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hold(memory, "rollups")
+    assert memory.mark_rerun("rollups", "")
+    no_rerun = dataclasses.replace(memory.capabilities, rerun=False)
+    monkeypatch.setattr(memory, "capabilities", no_rerun)
+    monkeypatch.setattr(memory, "rerun_marks", None)  # never asked
+    html = admin_client_.get(LIST_URL).content.decode()
+    assert "<span>Rerun</span>" not in html
+    assert "rerun-marked" not in html
+
+
 def test_an_unreachable_backend_is_shown_not_a_500(admin_client_: Client) -> None:
     with override_settings(TASKLOCK_BACKEND="redis", TASKLOCK_REDIS_URL="redis://127.0.0.1:1/0"):
         page = admin_client_.get(LIST_URL)

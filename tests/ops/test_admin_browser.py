@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -269,3 +270,54 @@ def test_force_release_one_permit_in_the_browser(browser: Any, live_server: Any)
     assert backend.peek(f"{LIMITED}\x1f0") is not None
     [entry] = LogEntry.objects.all()
     assert entry.object_repr == f"{LIMITED} (permit 1)"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_keys_marked_to_run_once_more_in_the_browser(browser: Any, live_server: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    User.objects.create_superuser("admin", password="admin")
+    backend = TaskLockService().backend
+    assert backend.capabilities.rerun
+    tokens = {key: new_token() for key in ("community-pr:abc-123", "rebuild-search-index")}
+    for key, token in tokens.items():
+        assert backend.acquire(
+            key, token, ttl=timedelta(minutes=15), max_lifetime=timedelta(hours=1)
+        )
+    # A skipped on_locked="rerun" call marks the held key; a holder that raised left
+    # the mark of "rebuild-rollups" on a key nobody holds.
+    assert backend.mark_rerun("rebuild-search-index", "")
+    rollups = new_token()
+    assert backend.acquire(
+        "rebuild-rollups", rollups, ttl=timedelta(minutes=15), max_lifetime=timedelta(hours=1)
+    )
+    assert backend.mark_rerun("rebuild-rollups", "")
+    assert backend.release("rebuild-rollups", rollups)
+
+    browser.get(f"{live_server.url}/admin/")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("admin")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    browser.find_element(By.ID, "user-tools")  # logged in
+    browser.get(f"{live_server.url}/admin/django_tasklock/cacheentry/")
+
+    headers = browser.find_elements(By.CSS_SELECTOR, "#result_list thead th")
+    assert "Rerun" in [th.get_attribute("textContent").strip() for th in headers]
+    marked = browser.find_element(By.XPATH, "//tr[th/code[text()='rebuild-search-index']]")
+    when = marked.find_element(By.CSS_SELECTOR, "td.field-rerun .rerun-marked")
+    assert when.text == "marked"
+    title = when.get_attribute("title") or ""
+    assert re.match(r"Marked to run once more since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", title)
+    plain = browser.find_element(By.XPATH, "//tr[th/code[text()='community-pr:abc-123']]")
+    assert plain.find_element(By.CSS_SELECTOR, "td.field-rerun").text == ""
+    unheld = browser.find_element(By.XPATH, "//tr[th/code[text()='rebuild-rollups']]")
+    assert unheld.find_element(By.CSS_SELECTOR, "td.field-not-held").text.startswith(
+        "not held; marked to run once more (since "
+    )
+    assert unheld.find_elements(By.LINK_TEXT, "Force release") == []
+    keys = [code.text for code in browser.find_elements(By.CSS_SELECTOR, "th.field-key code")]
+    assert keys == ["community-pr:abc-123", "rebuild-rollups", "rebuild-search-index"]
+    toolbar = browser.find_element(By.ID, "toolbar").text
+    assert "2 of 2 held; 1 marked to run once more, not held" in toolbar
+    assert_fits(browser)
+    browser.save_screenshot(str(artifacts_dir() / f"admin-task-locks-rerun-{DJANGO}.png"))

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -219,6 +219,124 @@ def test_list_shows_fences_when_the_backend_has_them(
     assert table.splitlines()[0].split()[-1] == "FENCE"
     assert table.splitlines()[1].split()[-1] == "17"
     assert row["fence"] == 17
+
+
+# -- marks to run once more (on_locked="rerun") ---------------------------------------
+
+WHEN = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+
+
+@pytest.fixture
+def marking(active_backend: ContractBackend) -> BaseBackend:
+    """The active backend, if it can mark a key "run once more"."""
+    if not active_backend.backend.capabilities.rerun:
+        pytest.skip(f"{active_backend.name} cannot mark keys (capabilities.rerun)")
+    return active_backend.backend
+
+
+def mark(backend: BaseBackend, key: str, *, release: bool = False) -> None:
+    """Hold ``key`` and mark it, as a skipped ``on_locked="rerun"`` call does; then
+    (``release``) let go, leaving the mark on a key nobody holds."""
+    token = hold(backend, key)
+    assert backend.mark_rerun(key, "")
+    if release:
+        assert backend.release(key, token)
+
+
+def test_list_says_which_held_keys_are_marked(marking: BaseBackend, key: str) -> None:
+    mark(marking, f"{key}:a")
+    hold(marking, f"{key}:b")
+
+    lines = run("list", "--prefix", key).splitlines()
+
+    assert lines[0].split() == [
+        "KEY",
+        "HOST",
+        "PID",
+        "ACQUIRED",
+        "EXPIRES",
+        "HELD",
+        "LEFT",
+        "RERUN",
+    ]
+    assert lines[1].startswith(f"{key}:a ")
+    assert re.search(rf"\d s  +{WHEN}$", lines[1]), lines[1]
+    assert lines[2].startswith(f"{key}:b ")
+    assert re.search(r"\b[45] min \d\d s$", lines[2]), lines[2]  # no mark: empty
+
+
+def test_list_shows_a_marked_key_nobody_holds(marking: BaseBackend, key: str) -> None:
+    hold(marking, f"{key}:a")
+    mark(marking, f"{key}:b", release=True)
+    hold(marking, f"{key}:c")
+
+    lines = run("list", "--prefix", key).splitlines()
+
+    assert "RERUN" not in lines[0]  # no key held is marked
+    assert [line.split()[0] for line in lines[1:]] == [f"{key}:a", f"{key}:b", f"{key}:c"]
+    assert re.fullmatch(
+        rf"{re.escape(key)}:b +not held; marked to run once more \(since {WHEN}\)", lines[2]
+    ), lines[2]
+    # The line spans the columns after KEY, as a limited key's: HOST starts after it.
+    assert lines[2].index("not held") == lines[0].index("HOST")
+
+
+def test_list_of_marks_alone_is_no_empty_list(marking: BaseBackend, key: str) -> None:
+    mark(marking, f"{key}:gone", release=True)
+
+    lines = run("list", "--prefix", key).splitlines()
+    [row] = json.loads(run("list", "--json", "--prefix", key))
+
+    assert lines[0].split()[0] == "KEY"
+    assert lines[1].startswith(f"{key}:gone  not held; marked to run once more (since ")
+    assert row["key"] == f"{key}:gone"
+    # --prefix filters the marks too
+    assert run("list", "--prefix", f"{key}:other").strip() == "no locks held"
+    assert json.loads(run("list", "--json", "--prefix", f"{key}:other")) == []
+
+
+def test_list_json_gives_when_each_key_was_marked(marking: BaseBackend, key: str) -> None:
+    before = datetime.now(timezone.utc)
+    mark(marking, f"{key}:a")
+    mark(marking, f"{key}:b", release=True)
+    hold(marking, f"{key}:c")
+
+    rows = json.loads(run("list", "--json", "--prefix", key))
+
+    assert [(row["key"], row["held"]) for row in rows] == [
+        (f"{key}:a", True),
+        (f"{key}:b", False),
+        (f"{key}:c", True),
+    ]
+    held, unheld, plain = rows
+    assert set(unheld) == set(held)
+    for row in (held, unheld):
+        marked_at = datetime.fromisoformat(row["rerun_marked_at"])
+        assert marked_at.utcoffset() == timedelta(0)
+        assert abs(marked_at - before) < timedelta(seconds=30)
+    assert plain["rerun_marked_at"] is None
+    assert all(unheld[field] is None for field in display.LEASE_FIELDS)
+    assert held["host"] is not None
+
+
+def test_list_without_the_capability_shows_no_marks(
+    monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    with override_settings(TASKLOCK_BACKEND="memory"):
+        from django_tasklock.api.service import TaskLockService
+
+        backend = TaskLockService().backend
+        mark(backend, f"{key}:a")
+        mark(backend, f"{key}:b", release=True)
+        no_rerun = dataclasses.replace(backend.capabilities, rerun=False)
+        monkeypatch.setattr(backend, "capabilities", no_rerun)
+        monkeypatch.setattr(backend, "rerun_marks", None)  # never asked
+        lines = run("list", "--prefix", key).splitlines()
+        [row] = json.loads(run("list", "--json", "--prefix", key))
+    assert "RERUN" not in lines[0]
+    assert len(lines) == 2
+    assert "rerun_marked_at" not in row
+    assert row["held"] is True
 
 
 # -- clearstale ----------------------------------------------------------------------

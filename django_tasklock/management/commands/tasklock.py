@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, TextIO, TypeVar
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -181,13 +182,28 @@ class Command(BaseCommand):
     # -- subcommands -------------------------------------------------------------
 
     def _list(self, backend: BaseBackend, *, as_json: bool, prefix: str) -> None:
+        """The held locks; with a backend that marks keys, which are marked to run once
+        more, and the marked keys nobody holds (among the held, by key)."""
         locks = [lock for lock in self._call(backend.list) if display.key(lock).startswith(prefix)]
+        marks = None
+        if backend.capabilities.rerun:
+            marks = {
+                name: marked_at
+                for name, marked_at in self._call(backend.rerun_marks).items()
+                if name.startswith(prefix)
+            }
         if as_json:
-            self.stdout.write(json.dumps([display.as_json(lock) for lock in locks], indent=2))
-        elif not locks:
+            rows = [
+                display.as_json(lock, marks)
+                if lock is not None
+                else display.unheld_as_json(name, (marks or {})[name])
+                for name, lock in display.with_unheld(locks, marks, display.key)
+            ]
+            self.stdout.write(json.dumps(rows, indent=2))
+        elif not locks and not marks:
             self.stdout.write("no locks held")
         else:
-            self.stdout.write(self._table(locks))
+            self.stdout.write(self._table(locks, marks or {}))
 
     def _clear_stale(self, backend: BaseBackend, *, dry_run: bool, verbosity: int) -> None:
         count = self._call(lambda: backend.clear_stale(dry_run=dry_run))
@@ -311,29 +327,42 @@ class Command(BaseCommand):
         except Exception as exc:
             raise CommandError(f"The lock backend failed: {type(exc).__name__}: {exc}") from exc
 
-    def _table(self, locks: list[HeldLock]) -> str:
+    def _table(self, locks: list[HeldLock], marks: dict[str, datetime] | None = None) -> str:
         """One line per lease: keys and hosts :func:`~django_tasklock.ops.display.printable`.
 
         A limited key's permits follow a line of the key and how many permits
         are held, each as ``permit N`` (its number, what ``release --permit``
         takes). That line spans the columns after KEY, and sets none of their widths.
+        ``marks`` (the backend's ``rerun_marks()``): a column RERUN, when a key
+        listed is marked, says since when; a marked key nobody holds is a line
+        of its own, spanning the columns as a limited key's does.
         """
+        marks = marks or {}
         header = ["KEY", "HOST", "PID", "ACQUIRED", "EXPIRES", "HELD", "LEFT"]
         fenced = display.has_fences(locks)
         if fenced:
             header.append("FENCE")
+        groups = display.by_key(locks)
+        rerun = any(held.key in marks for held in groups)
+        if rerun:
+            header.append("RERUN")
         rows: list[list[str] | tuple[str, str]] = []
-        for held in display.by_key(locks):
-            key = display.shortened(display.printable(held.key), KEY_WIDTH)
+        for name, held in display.with_unheld(groups, marks, lambda held: held.key):
+            key = display.shortened(display.printable(name), KEY_WIDTH)
+            marked_at = marks.get(name)
+            if held is None:
+                assert marked_at is not None
+                rows.append((key, display.not_held(marked_at)))
+                continue
             if not held.limited:
-                rows += [self._row(key, lock, fenced) for lock in held.locks]
+                rows += [self._row(key, lock, fenced, rerun, marked_at) for lock in held.locks]
                 continue
             held_count = display.permits_held(len(held.permits), held.limit)
             rows.append((key, f"{held_count} (release one with --permit N)"))
             for lock in held.locks:
                 number = display.permit(lock)
                 label = "  mutex" if number is None else f"  permit {number}"
-                rows.append(self._row(label, lock, fenced))
+                rows.append(self._row(label, lock, fenced, rerun, marked_at))
         cells = [header, *(row for row in rows if isinstance(row, list))]
         widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
         return "\n".join(
@@ -344,7 +373,13 @@ class Command(BaseCommand):
         )
 
     @staticmethod
-    def _row(label: str, lock: HeldLock, fenced: bool) -> list[str]:
+    def _row(
+        label: str,
+        lock: HeldLock,
+        fenced: bool,
+        rerun: bool = False,
+        marked_at: datetime | None = None,
+    ) -> list[str]:
         row = [
             label,
             display.printable(lock.holder.host),
@@ -357,4 +392,6 @@ class Command(BaseCommand):
         ]
         if fenced:
             row.append(str(display.fence(lock) or ""))
+        if rerun:
+            row.append("" if marked_at is None else display.when(marked_at))
         return row
