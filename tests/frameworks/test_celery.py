@@ -8,6 +8,7 @@ worker's processes share.
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from django.db import connections
 
 from django_tasklock.backends.database import DatabaseBackend
 from tests.jobs import wait_for
-from tests.support import framework_runs, processes, services
+from tests.support import framework_runs, processes, rerun_runs, services
 
 pytestmark = pytest.mark.databases
 
@@ -123,3 +124,22 @@ def test_a_lost_lock_becomes_a_retry(celery_tasks: Any, signals: Path) -> None:
     wait_for(signals / "lost.1.holding")  # the retry holds the key again
     (signals / "lost.release").touch()
     assert result.get(timeout=60) == "ran:lost:attempt 1"
+
+
+def test_twenty_triggers_during_a_run_make_exactly_one_more_run(
+    celery_tasks: Any, tmp_path: Path
+) -> None:
+    # The holder occupies one pool process; the 20 triggers need the other. The
+    # prefork pool's default ("fair") scheduling hands a task only to an idle
+    # process, and with a prefetch multiplier of 1 the worker reserves at most one
+    # message per process: no trigger is queued behind the holder on its process.
+    worker = f"{celery_tasks.queue}@{socket.gethostname()}"  # the fixture's --hostname
+    stats = celery_tasks.app.control.inspect([worker], timeout=30).stats()[worker]
+    assert stats["pool"]["max-concurrency"] >= 2
+    assert celery_tasks.app.conf.worker_prefetch_multiplier == 1
+    key = f"rerun-{tmp_path.name}"
+    sent: list[Any] = []
+    rerun_runs.twenty_triggers(
+        lambda: sent.append(celery_tasks.rebuild.delay(key, str(tmp_path))), tmp_path
+    )
+    assert [result.get(timeout=60) for result in sent] == [None] * (rerun_runs.TRIGGERS + 1)

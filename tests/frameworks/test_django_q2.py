@@ -23,7 +23,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from tests.jobs import PATIENCE, wait_for
-from tests.support import framework_runs, processes, services
+from tests.support import framework_runs, processes, rerun_runs, services
 
 pytestmark = pytest.mark.databases
 
@@ -177,3 +177,17 @@ def test_fifty_scheduled_tasks_of_one_key_on_two_workers_never_overlap(
     assert sorted(outcomes) == sorted(
         ["ran"] * len(runs.ran_by) + ["skipped"] * len(runs.skipped_by)
     )
+
+
+def test_twenty_triggers_during_a_run_make_exactly_one_more_run(
+    schedules: Any, tmp_path: Path
+) -> None:
+    # Each trigger is a task queued on the cluster's broker; the holder occupies one
+    # of its two workers, the other takes the triggers.
+    from django_q.tasks import async_task
+
+    key = f"rerun-{tmp_path.name}"
+    rerun_runs.twenty_triggers(
+        lambda: async_task(f"{FUNC}.rebuild", key, str(tmp_path), group=key), tmp_path
+    )
+    assert results(key, rerun_runs.TRIGGERS + 1) == [None] * (rerun_runs.TRIGGERS + 1)

@@ -18,7 +18,7 @@ from kombu.entity import Queue
 
 from django_tasklock import LockLost, checkpoint, exclusive
 from tests.jobs import PATIENCE, hold
-from tests.support import framework_runs
+from tests.support import framework_runs, rerun_runs
 
 if not apps.ready:  # in the worker; the test process has set Django up already
     django.setup()
@@ -81,6 +81,19 @@ def work_until_released(key: str, job: str, signals: str, attempt: int) -> str:
             raise TimeoutError(f"{job}.release did not appear")
         time.sleep(0.05)
     return f"ran:{job}:attempt {attempt}"
+
+
+@shared_task
+@exclusive("celery:{key}", ttl=60, on_locked="rerun")
+def _rebuild(key: str, signals: str, worker: int) -> bool:
+    """A task over ``@exclusive(..., on_locked="rerun")``, called in :func:`rebuild`'s process."""
+    return rerun_runs.body(signals, worker)
+
+
+@shared_task
+def rebuild(key: str, signals: str) -> None:
+    """``rerun_runs.job`` of :func:`_rebuild`, called in this worker process (not sent)."""
+    rerun_runs.job(lambda folder, worker: _rebuild(key, folder, worker), signals, os.getpid())
 
 
 @shared_task

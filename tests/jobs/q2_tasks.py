@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django_tasklock import exclusive
 from tests.jobs import PATIENCE, hold
-from tests.support import framework_runs
+from tests.support import framework_runs, rerun_runs
 
 
 @exclusive("q2:{key}", ttl=60)
@@ -41,3 +41,13 @@ def crash_once(key: str, signals: str) -> str:
         time.sleep(PATIENCE)
         raise TimeoutError("the first run was not killed")
     return "ran again"
+
+
+@exclusive("q2:{key}", ttl=60, on_locked="rerun")
+def _rebuild(key: str, signals: str, worker: int) -> bool:
+    return rerun_runs.body(signals, worker)
+
+
+def rebuild(key: str, signals: str) -> None:
+    """``rerun_runs.job`` of a function under ``@exclusive(..., on_locked="rerun")``."""
+    rerun_runs.job(lambda folder, worker: _rebuild(key, folder, worker), signals, os.getpid())
