@@ -67,3 +67,6 @@ class TaskLockConfig(AppConfig):
 
         setting_changed.connect(_forget_backend, dispatch_uid="django_tasklock.reset")
         _observe()
+        from django_tasklock.contrib import retries  # imports no framework
+
+        retries.install()

@@ -25,7 +25,8 @@ lock_stalled = Signal()
 #: ``@exclusive``, ``run_exclusive`` or ``arun_exclusive`` did not run its work: the
 #: key was held. Sent on the caller's thread with ``key``, ``holder`` (None if the
 #: key came free before it could be read), ``acquired_at`` and ``expires_at``
-#: (aware UTC datetimes, or None likewise), and ``outcome``: ``"skipped"``, or
+#: (aware UTC datetimes, or None likewise), and ``outcome``: ``"skipped"``;
 #: ``"rerun"`` when the call marked the key and its holder runs once more
-#: (``on_locked="rerun"``).
+#: (``on_locked="rerun"``); ``"retry"`` when the task's framework retries it
+#: later (``on_locked="retry"``).
 lock_skipped = Signal()

@@ -21,8 +21,9 @@ from django_tasklock.api.rerun import (
     take_or_mark,
     wants_rerun,
 )
+from django_tasklock.api.retrying import retry_later
 from django_tasklock.api.service import TaskLockService, lock
-from django_tasklock.api.skipped import report_skipped
+from django_tasklock.api.skipped import RETRY, report_skipped
 from django_tasklock.exceptions import LockNotAcquired
 from django_tasklock.locking import loss
 from django_tasklock.locking.aio import off_loop
@@ -86,7 +87,7 @@ def exclusive(
     key: str | None = None,
     /,
     *,
-    on_locked: Callable[..., Any] | Literal["rerun"] | None = None,
+    on_locked: Callable[..., Any] | Literal["rerun", "retry"] | None = None,
     on_lost: OnLost = "continue",
     service: TaskLockService | None = None,
     **options: Unpack[LockKwargs],
@@ -95,7 +96,7 @@ def exclusive(
 def exclusive(
     *,
     key: KeySpec,
-    on_locked: Callable[..., Any] | Literal["rerun"] | None = None,
+    on_locked: Callable[..., Any] | Literal["rerun", "retry"] | None = None,
     on_lost: OnLost = "continue",
     service: TaskLockService | None = None,
     **options: Unpack[LockKwargs],
@@ -107,7 +108,7 @@ def exclusive(
     /,
     *,
     key: KeySpec = None,
-    on_locked: Callable[..., Any] | Literal["rerun"] | None = None,
+    on_locked: Callable[..., Any] | Literal["rerun", "retry"] | None = None,
     on_lost: OnLost = "continue",
     service: TaskLockService | None = None,
     **options: Unpack[LockKwargs],
@@ -131,6 +132,10 @@ def exclusive(
     instead, and returns as skipped: the call holding the key runs the
     function once more, with its own arguments, when its run ends (however
     many calls were skipped meanwhile; see the docs' "Rerun" page). With
+    ``on_locked="retry"``, a task's call asks its framework (Celery, RQ 2.1+,
+    Dramatiq, Huey) to run the task again later, after a jittered countdown
+    that doubles per try (``api.retrying.RetryBackoff``); its last try ends as
+    skipped; outside such a task it raises ``RetryUnavailable``. With
     ``limit=N`` (``@exclusive("export:{tenant_id}", limit=3)``), up to N
     calls per rendered key run at once, each under one of its permits, and a
     call finding all N held is skipped the same way.
@@ -178,8 +183,9 @@ def exclusive(
                 f"key must be a str.format template or a callable, not {type(target).__name__}"
             )
         key = target
-    rerun = wants_rerun(on_locked)
-    if not rerun:
+    retry = on_locked == RETRY
+    rerun = not retry and wants_rerun(on_locked)
+    if not (rerun or retry):
         validate_callable("on_locked", on_locked, optional=True)
     check_lock_kwargs(options, caller="exclusive()", refused=_REFUSED, own=_OWN)
     if "cancel_on_loss" in options:
@@ -196,9 +202,8 @@ def exclusive(
         build_key, stop = KeyBuilder(func, key), on_lost == "raise"
         if rerun:
             return _wrap_rerun(func, build_key, named, stop, service)
-        return _wrap(
-            func, build_key, named, cast("Callable[..., Any] | None", on_locked), stop, service
-        )
+        when_held = cast("Callable[..., Any] | Literal['retry'] | None", on_locked)
+        return _wrap(func, build_key, named, when_held, stop, service)
 
     return decorate
 
@@ -229,7 +234,7 @@ def _wrap(
     func: Callable[..., Any],
     build_key: KeyBuilder,
     options: LockKwargs,
-    on_locked: Callable[..., Any] | None,
+    on_locked: Callable[..., Any] | Literal["retry"] | None,
     stop: bool,
     service: TaskLockService | None,
 ) -> Callable[..., Any]:
@@ -253,6 +258,8 @@ def _wrap(
                 try:
                     await stack.enter_async_context(held)
                 except LockNotAcquired:
+                    if on_locked == RETRY:
+                        return await off_loop(retry_later)(held, name)
                     seen = await off_loop(report_skipped)(held, name)
                     outcome = _when_held(on_locked, args, kwargs, seen)
                     return await outcome if inspect.isawaitable(outcome) else outcome
@@ -269,6 +276,8 @@ def _wrap(
             try:
                 stack.enter_context(held)
             except LockNotAcquired:
+                if on_locked == RETRY:
+                    return retry_later(held, name)
                 seen = report_skipped(held, name)
                 outcome = _when_held(on_locked, args, kwargs, seen)
                 refuse_coroutine("on_locked", outcome, advice=advice)
@@ -359,12 +368,12 @@ def _make_lock(
 
 
 def _when_held(
-    on_locked: Callable[..., Any] | None,
+    on_locked: Callable[..., Any] | Literal["retry"] | None,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     seen: HeldLock | None,
 ) -> Any:
-    if on_locked is not None:
+    if callable(on_locked):
         return on_locked(*args, **kwargs)
     if any(isinstance(arg, HttpRequest) for arg in (*args, *kwargs.values())):
         return conflict(seen)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from django.db import connections
 
-from django_tasklock.api.skipped import RERUN, SKIPPED, report_skipped
+from django_tasklock.api.skipped import RERUN, RETRY, SKIPPED, report_skipped
 from django_tasklock.locking.aio import off_loop
 
 if TYPE_CHECKING:
@@ -42,9 +42,15 @@ _ATTEMPTS = 3
 
 
 def wants_rerun(on_locked: object) -> bool:
-    """Whether ``on_locked`` is ``"rerun"``; ``ValueError`` for any other string."""
+    """Whether ``on_locked`` is ``"rerun"``; ``ValueError`` for any other string
+    (``"retry"`` is ``@exclusive``'s only: its tasks can return what retries them)."""
     if not isinstance(on_locked, str):
         return False
+    if on_locked == RETRY:
+        raise ValueError(
+            "on_locked='retry' is for tasks under @exclusive(...): run_exclusive takes "
+            "a callable, 'rerun', or nothing"
+        )
     if on_locked != RERUN:
         raise ValueError(f"on_locked must be a callable or 'rerun', got {on_locked!r}")
     return True

@@ -26,13 +26,18 @@ logger = logging.getLogger("django_tasklock")
 SKIPPED = "skipped"
 #: ``lock_skipped``'s ``outcome`` when the call marked the key: its holder runs once more.
 RERUN = "rerun"
+#: ``lock_skipped``'s ``outcome`` when the task's framework retries it later.
+RETRY = "retry"
 
 
-def report_skipped(lock: Lock, what: str, outcome: str = SKIPPED) -> HeldLock | None:
+def report_skipped(
+    lock: Lock, what: str, outcome: str = SKIPPED, detail: str = ""
+) -> HeldLock | None:
     """Log and signal that ``what`` (the work's name) did not run: ``lock``'s key was held.
 
-    ``outcome`` (:data:`SKIPPED` or :data:`RERUN`) goes to the log line and
-    to ``lock_skipped``.
+    ``outcome`` (:data:`SKIPPED`, :data:`RERUN` or :data:`RETRY`) goes to
+    the log line, to ``lock_skipped`` and to the observer; ``detail`` ends
+    the log line (a sentence, with its leading space).
 
     Returns the lease seen holding the key, or None when its holder has let go
     since (or it could not be read). Never raises for the storage's sake: a
@@ -45,7 +50,7 @@ def report_skipped(lock: Lock, what: str, outcome: str = SKIPPED) -> HeldLock | 
             held = lock.backend.peek(lock.key)
         except Exception:
             logger.debug("Reading the holder of %r failed.", lock.key, exc_info=True)
-    _log(lock.key, what, held, lock.limit, outcome)
+    _log(lock.key, what, held, lock.limit, outcome, detail)
     if observe.observer is not None:
         observe.observer.skipped(lock, outcome)
     for receiver, answer in lock_skipped.send_robust(
@@ -67,8 +72,11 @@ def report_skipped(lock: Lock, what: str, outcome: str = SKIPPED) -> HeldLock | 
     return held
 
 
-def _log(key: str, what: str, held: HeldLock | None, limit: int, outcome: str) -> None:
+def _log(
+    key: str, what: str, held: HeldLock | None, limit: int, outcome: str, detail: str
+) -> None:
     then = " Marked: its holder runs it once more when done." if outcome == RERUN else ""
+    then += detail
     if limit > 1:
         logger.info(
             "Skipped %s: all %s permits of task lock %r were held.%s", what, limit, key, then

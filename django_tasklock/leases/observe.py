@@ -69,7 +69,8 @@ class Observer(Protocol):
 
     def skipped(self, lock: ObservedLock, outcome: str) -> None:
         """Work did not run because ``lock``'s key was held; ``outcome``: ``"skipped"``,
-        or ``"rerun"`` when the call marked the key to run once more."""
+        ``"rerun"`` (the call marked the key to run once more) or ``"retry"`` (its
+        framework retries the task later)."""
 
     def heartbeat(self, leases: list[Lease]) -> AbstractContextManager[object]:
         """Around one tick's refresh of ``leases`` (all of one backend)."""

@@ -195,7 +195,15 @@ def test_a_holder_gone_before_the_look_is_reported_as_such(
 
     caplog.set_level(logging.INFO, logger="django_tasklock")
     assert not TaskLockService(GoneAtOnce()).run_exclusive("gone", _work).acquired
-    assert skipped == [{"key": "gone", "holder": None, "acquired_at": None, "expires_at": None}]
+    assert skipped == [
+        {
+            "key": "gone",
+            "holder": None,
+            "acquired_at": None,
+            "expires_at": None,
+            "outcome": "skipped",
+        }
+    ]
     assert "let go" in caplog.text
 
 
