@@ -20,6 +20,7 @@ from django_tasklock.exceptions import (
     LockLost,
     LockNotAcquired,
     ReplicationNotConfirmed,
+    RetryUnavailable,
     SyncLockInAsyncContext,
     TaskLockError,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "LockNotAcquired",
     "LockResult",
     "ReplicationNotConfirmed",
+    "RetryUnavailable",
     "SyncLockInAsyncContext",
     "TaskLockError",
     "TaskLockService",

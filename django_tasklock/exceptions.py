@@ -141,3 +141,24 @@ class LimitMismatch(TaskLockError, ValueError):
 
 def _limit_mismatch(key: str, held: int, asked: int) -> LimitMismatch:
     return LimitMismatch(key, held=held, asked=asked)
+
+
+class RetryUnavailable(TaskLockError, TypeError):
+    """``on_locked="retry"`` where no task of a framework with a retry of its own runs.
+
+    Raised when the key is held (after the skip is reported): the function was
+    called directly, or by a framework without retries (Django's tasks,
+    django-q2). ``key`` is the key that was held.
+    """
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(
+            f"task lock {key!r} was held and on_locked='retry' asks the running task's "
+            "framework to retry it, but no task of Celery, RQ (2.1 or later), Dramatiq or "
+            "Huey runs here (Django's tasks and django-q2 have no retry of their own): "
+            "use on_locked='rerun', wait=, or the default skip"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return RetryUnavailable, (self.key,)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django_tasklock.api.skipped import RETRY, SKIPPED, report_skipped
+from django_tasklock.exceptions import RetryUnavailable
 
 if TYPE_CHECKING:
     from django_tasklock.locking.lock import Lock
@@ -73,18 +74,6 @@ class RetryPlan:
 class Retrier(Protocol):
     def __call__(self, backoff: RetryBackoff) -> RetryPlan | None:
         """How to retry the task running now; None when none of this framework's runs."""
-
-
-class RetryUnavailable(TypeError):
-    """``on_locked="retry"`` where no task of a framework with retries runs."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(
-            f"task lock {key!r} was held and on_locked='retry' asks the running task's "
-            "framework to retry it, but no task of Celery, RQ (2.1 or later), Dramatiq or "
-            "Huey runs here (Django's tasks and django-q2 have no retry of their own): "
-            "use on_locked='rerun', wait=, or the default skip"
-        )
 
 
 _retriers: list[Retrier] = []

@@ -15,8 +15,9 @@ import pytest
 
 from django_tasklock import TaskLockService, exclusive, lock_skipped
 from django_tasklock.api import retrying
-from django_tasklock.api.retrying import RetryBackoff, RetryPlan, RetryUnavailable
+from django_tasklock.api.retrying import RetryBackoff, RetryPlan
 from django_tasklock.backends.memory import MemoryBackend
+from django_tasklock.exceptions import RetryUnavailable
 
 
 @pytest.fixture
