@@ -131,7 +131,7 @@ def exclusive(
     else ``None``. With ``on_locked="rerun"``, a skipped call marks the key
     instead, and returns as skipped: the call holding the key runs the
     function once more, with its own arguments, when its run ends (however
-    many calls were skipped meanwhile; see the docs' "Rerun" page). With
+    many calls were skipped meanwhile; see docs/rerun.md). With
     ``on_locked="retry"``, a task's call asks its framework (Celery, RQ 2.1+,
     Dramatiq, Huey) to run the task again later, after a jittered countdown
     that doubles per try (``api.retrying.RetryBackoff``); its last try ends as
@@ -311,7 +311,13 @@ def _wrap_rerun(
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             held = _make_lock(build_key, options, service, args, kwargs)
             check_rerun(held)
-            if await atake_or_mark(held, name) != ACQUIRED:
+            try:
+                outcome = await atake_or_mark(held, name)
+            except BaseException:
+                if held.held:  # interrupted between the grant and its answer
+                    await held.arelease()
+                raise
+            if outcome != ACQUIRED:
                 return _when_held(None, args, kwargs, held.seen)
 
             async def work() -> Any:
@@ -337,7 +343,13 @@ def _wrap_rerun(
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         held = _make_lock(build_key, options, service, args, kwargs)
         check_rerun(held)
-        if take_or_mark(held, name) != ACQUIRED:
+        try:
+            outcome = take_or_mark(held, name)
+        except BaseException:
+            if held.held:  # interrupted between the grant and its answer
+                held.release()
+            raise
+        if outcome != ACQUIRED:
             return _when_held(None, args, kwargs, held.seen)
 
         def work() -> Any:

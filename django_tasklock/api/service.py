@@ -117,7 +117,7 @@ class TaskLockService:
             fn: a zero-argument callable; its return value becomes ``result``.
             on_locked: zero-argument callable called when the key is held elsewhere;
                 or ``"rerun"``: mark the key, so that its holder runs its work once
-                more when its run ends (``LockResult.rerun``; see the docs' "Rerun" page).
+                more when its run ends (``LockResult.rerun``; see docs/rerun.md).
             ttl: seconds or timedelta the lease lasts unless refreshed (default 15 min).
             refresh_interval: how often the heartbeat extends the lease while ``fn``
                 runs (default ``ttl / 3``; must be less than ``ttl``).
@@ -198,7 +198,12 @@ class TaskLockService:
     def _run_marked(lock: Lock, fn: Callable[[], T]) -> LockResult[T]:
         """``run_exclusive`` with ``on_locked="rerun"`` (see ``api.rerun``)."""
         name = _name(fn)
-        outcome = take_or_mark(lock, name)
+        try:
+            outcome = take_or_mark(lock, name)
+        except BaseException:
+            if lock.held:  # interrupted between the grant and its answer
+                lock.release()
+            raise
         if outcome != ACQUIRED:
             return LockResult(acquired=False, rerun=outcome == RERUN)
 
@@ -269,7 +274,12 @@ class TaskLockService:
     async def _arun_marked(lock: Lock, async_fn: Callable[[], Awaitable[T]]) -> LockResult[T]:
         """``arun_exclusive`` with ``on_locked="rerun"`` (see ``api.rerun``)."""
         name = _name(async_fn)
-        outcome = await atake_or_mark(lock, name)
+        try:
+            outcome = await atake_or_mark(lock, name)
+        except BaseException:
+            if lock.held:  # interrupted between the grant and its answer
+                await lock.arelease()
+            raise
         if outcome != ACQUIRED:
             return LockResult(acquired=False, rerun=outcome == RERUN)
 
