@@ -17,7 +17,7 @@ import pytest
 from django.db import connections
 
 from tests.jobs import wait_for
-from tests.support import framework_runs, processes
+from tests.support import framework_runs, processes, rerun_runs
 
 RUN = uuid.uuid4().hex[:8]
 Send = Callable[..., None]
@@ -111,6 +111,15 @@ def test_fifty_overlapping_messages_of_one_key_on_two_workers_never_overlap(
     for _ in range(50):
         send("record", f"{RUN}-volume", 0.05, str(tmp_path))
     framework_runs.assert_one_at_a_time(framework_runs.await_runs(tmp_path, 50), 50)
+
+
+@pytest.mark.databases  # the locks: the test's SQLite file
+def test_two_processes_twenty_triggers_during_a_run_make_exactly_one_more_run(
+    send: Send, tmp_path: Path
+) -> None:
+    """The holder takes one worker process (one thread); the other skips the 20."""
+    key = f"{RUN}-rerun-{tmp_path.name}"
+    rerun_runs.twenty_triggers(lambda: send("rebuild", key, str(tmp_path)), tmp_path)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from django.db import connections
 
 from django_tasklock import current_lock, lock, lock_skipped
 from tests.jobs import wait_for
-from tests.support import processes, services
+from tests.support import processes, rerun_runs, services
 from tests.support.volume_workers import overlaps
 
 pytestmark = pytest.mark.databases
@@ -134,6 +134,14 @@ def test_two_consumers_fifty_overlapping_tasks_never_overlap(
     assert locked, "the two consumers never contended: the test proved nothing"
     # Huey sent SIGNAL_LOCKED for each task that did not run.
     assert len(list(tmp_path.glob("*.locked"))) == locked
+
+
+def test_two_consumers_twenty_triggers_during_a_run_make_exactly_one_more_run(
+    huey_tasks: Any, tmp_path: Path
+) -> None:
+    """The holder takes one consumer's only worker; the other consumer skips the 20."""
+    key = f"rerun-{tmp_path.name}"
+    rerun_runs.twenty_triggers(lambda: huey_tasks.rebuild(str(tmp_path), key), tmp_path)
 
 
 # -- in the test process: the drop-in's own surface ----------------------------

@@ -18,7 +18,7 @@ from django.db import connections
 
 from django_tasklock import TaskLockService
 from tests.jobs import PATIENCE, wait_for
-from tests.support import framework_runs, processes
+from tests.support import framework_runs, processes, rerun_runs
 
 RUN = uuid.uuid4().hex[:8]
 
@@ -133,6 +133,17 @@ def test_fifty_overlapping_jobs_of_one_key_on_two_workers_never_overlap(
     framework_runs.assert_one_at_a_time(runs, 50)
     assert sorted(outcome(job) for job in jobs) == sorted(
         ["ran"] * len(runs.ran_by) + ["skipped"] * len(runs.skipped_by)
+    )
+
+
+@pytest.mark.databases  # the locks: the test's SQLite file
+def test_two_workers_twenty_triggers_during_a_run_make_exactly_one_more_run(
+    queue: Any, tmp_path: Path
+) -> None:
+    """The holder takes one ``rqworker``; the other skips the 20 (each in a work horse)."""
+    key = f"{RUN}-rerun-{tmp_path.name}"
+    rerun_runs.twenty_triggers(
+        lambda: queue.enqueue("tests.jobs.rq_jobs.rebuild", key, str(tmp_path)), tmp_path
     )
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import dramatiq
 
+from django_tasklock import exclusive
 from tests.jobs import PATIENCE, hold
-from tests.support import framework_runs
+from tests.support import framework_runs, rerun_runs
 
 QUEUE = os.environ.get("TASKLOCK_TEST_DRAMATIQ_QUEUE", "tasklock-tests")
 
@@ -63,3 +64,15 @@ def crash_once(key: str, signals: str) -> None:
         time.sleep(PATIENCE)
         raise TimeoutError("the first run was not killed")
     (folder / "done").write_text(str(os.getpid()))
+
+
+@exclusive("dramatiq-rerun:{key}", ttl=60, on_locked="rerun")
+def _rebuild(key: str, signals: str, worker: int) -> bool:
+    return rerun_runs.body(signals, worker)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def rebuild(key: str, signals: str) -> None:
+    """``rerun_runs.job`` of a function under the core ``@exclusive(..., on_locked="rerun")``
+    (not the ``exclusive`` actor option): the worker is the worker process."""
+    rerun_runs.job(lambda folder, worker: _rebuild(key, folder, worker), signals, os.getpid())

@@ -6,9 +6,12 @@ import os
 import time
 from pathlib import Path
 
+from django_tasklock import TaskLockService
+from django_tasklock import exclusive as core_exclusive
+from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.contrib.rq import exclusive
 from tests.jobs import PATIENCE, hold
-from tests.support import framework_runs
+from tests.support import framework_runs, rerun_runs
 
 
 @exclusive("rq:{key}", ttl=60)
@@ -70,3 +73,22 @@ def crash_once(key: str, signals: str) -> str:
         time.sleep(PATIENCE)
         raise TimeoutError("the first run was not killed")
     return "ran again"
+
+
+# The core decorator (contrib.rq's takes no "rerun"), on the database backend (the
+# test's SQLite file): the Redis backend of these workers cannot mark a key
+# (no capabilities.rerun).
+@core_exclusive(
+    "rq-rerun:{key}",
+    ttl=60,
+    on_locked="rerun",
+    service=TaskLockService(DatabaseBackend(using="default")),
+)
+def _rebuild(key: str, signals: str, worker: int) -> bool:
+    return rerun_runs.body(signals, worker)
+
+
+def rebuild(key: str, signals: str) -> None:
+    """``rerun_runs.job`` of a function under ``@exclusive(..., on_locked="rerun")``; the
+    worker is the work horse's parent, the ``rqworker`` process."""
+    rerun_runs.job(lambda folder, worker: _rebuild(key, folder, worker), signals, os.getppid())

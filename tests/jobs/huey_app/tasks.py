@@ -7,6 +7,7 @@ run because its lock was held. Keys carry the queue's name, unique per run.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,10 @@ from typing import Any
 from huey.contrib.djhuey import HUEY, db_task, signal
 from huey.signals import SIGNAL_LOCKED
 
+from django_tasklock import exclusive
 from django_tasklock.contrib.huey import lock_task
 from tests.jobs import hold
+from tests.support import rerun_runs
 
 #: Keys of this run: the queue's name is unique per test run.
 RETRIED_KEY = f"huey:{HUEY.name}:retried"
@@ -68,3 +71,15 @@ def record_interval(signals: str, seconds: float) -> tuple[float, float]:
     entry = time.time()
     time.sleep(seconds)
     return entry, time.time()
+
+
+@exclusive("huey-rerun:{key}", ttl=60, on_locked="rerun")
+def _rebuild(key: str, signals: str, worker: int) -> bool:
+    return rerun_runs.body(signals, worker)
+
+
+@db_task()
+def rebuild(signals: str, key: str) -> None:
+    """``rerun_runs.job`` of a function under the core ``@exclusive(..., on_locked="rerun")``
+    (not ``lock_task``): the worker is the consumer's process."""
+    rerun_runs.job(lambda folder, worker: _rebuild(key, folder, worker), signals, os.getpid())
