@@ -6,9 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from django_tasklock import TaskLockService
 from django_tasklock import exclusive as core_exclusive
-from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.contrib.rq import exclusive
 from tests.jobs import PATIENCE, hold
 from tests.support import framework_runs, rerun_runs
@@ -75,15 +73,8 @@ def crash_once(key: str, signals: str) -> str:
     return "ran again"
 
 
-# The core decorator (contrib.rq's takes no "rerun"), on the database backend (the
-# test's SQLite file): the Redis backend of these workers cannot mark a key
-# (no capabilities.rerun).
-@core_exclusive(
-    "rq-rerun:{key}",
-    ttl=60,
-    on_locked="rerun",
-    service=TaskLockService(DatabaseBackend(using="default")),
-)
+# The core decorator (contrib.rq's takes no "rerun"), on these workers' Redis backend.
+@core_exclusive("rq-rerun:{key}", ttl=60, on_locked="rerun")
 def _rebuild(key: str, signals: str, worker: int) -> bool:
     return rerun_runs.body(signals, worker)
 
