@@ -169,6 +169,11 @@ def test_the_decorator_runs_the_holder_once_more_with_its_own_arguments(
     assert out == ["holder"]
 
 
+async def _until(condition: Any) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)
+
+
 def test_asyncio_twins_rerun_too(any_backend: ContractBackend, key: str) -> None:
     service = TaskLockService(any_backend.backend)
     runs: list[int] = []
@@ -192,12 +197,13 @@ def test_asyncio_twins_rerun_too(any_backend: ContractBackend, key: str) -> None
             return len(seen)
 
         holder = asyncio.create_task(service.arun_exclusive(key, work, on_locked="rerun"))
-        while not seen:
-            await asyncio.sleep(0.01)
-        skipped = await service.arun_exclusive(key, work, on_locked="rerun")
-        assert skipped.rerun
-        gate.set()
-        result = await holder
+        try:
+            await asyncio.wait_for(_until(lambda: bool(seen)), PATIENCE)
+            skipped = await service.arun_exclusive(key, work, on_locked="rerun")
+            assert skipped.rerun
+        finally:
+            gate.set()  # whatever failed above, the holder is let go
+        result = await asyncio.wait_for(holder, PATIENCE)
         assert result.acquired
         assert result.result == 2
         assert seen == [0, 1]

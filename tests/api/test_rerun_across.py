@@ -33,14 +33,8 @@ PATIENCE = 120  # a generous bound for a condition, never a pause
 
 
 def recipe_for(subject: ContractBackend) -> BackendRecipe:
-    """The subject's recipe for a child, or a skip: one process only, or no rerun yet."""
-    recipe = cross_process_recipe(subject)  # memory: one process, skipped
-    if not subject.backend.capabilities.rerun:
-        pytest.skip(
-            f"{subject.name}: capability rerun=False (its rerun support is not written yet; "
-            "this test runs once it is)"
-        )
-    return recipe
+    """The subject's recipe for a child, or a skip: memory serves one process only."""
+    return cross_process_recipe(subject)
 
 
 def test_a_mark_outlives_the_process_that_made_it(any_backend: ContractBackend, key: str) -> None:
