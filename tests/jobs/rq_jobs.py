@@ -6,6 +6,7 @@ import os
 import time
 from pathlib import Path
 
+from django_tasklock import exclusive as core_exclusive
 from django_tasklock.contrib.rq import exclusive
 from tests.jobs import PATIENCE, hold
 from tests.support import framework_runs
@@ -27,6 +28,13 @@ def note_skipped(key: str, signals: str, pause: float) -> str:
 def record(key: str, signals: str, pause: float) -> str:
     """Hold ``rq:key`` for ``pause`` seconds; write the interval held and the worker's pid."""
     framework_runs.held_for(signals, pause, os.getppid())
+    return "ran"
+
+
+@core_exclusive("rq:{key}", ttl=60, on_locked="retry")
+def retried(key: str, signals: str) -> str:
+    """Returns RQ's ``Retry`` while ``rq:key`` is held; once it holds it, writes its run."""
+    framework_runs.held_for(signals, 0.0, os.getppid())
     return "ran"
 
 
