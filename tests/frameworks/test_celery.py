@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +18,10 @@ from typing import Any
 import pytest
 from django.db import connections
 
+from django_tasklock import TaskLockService
+from django_tasklock.api.retrying import DEFAULT_BACKOFF
 from django_tasklock.backends.database import DatabaseBackend
-from tests.jobs import wait_for
+from tests.jobs import PATIENCE, wait_for
 from tests.support import framework_runs, processes, rerun_runs, services
 
 pytestmark = pytest.mark.databases
@@ -143,3 +146,37 @@ def test_twenty_triggers_during_a_run_make_exactly_one_more_run(
         lambda: sent.append(celery_tasks.rebuild.delay(key, str(tmp_path))), tmp_path
     )
     assert [result.get(timeout=60) for result in sent] == [None] * (rerun_runs.TRIGGERS + 1)
+
+
+def await_retries(folder: Path, count: int) -> list[int]:
+    """The tries that asked for a retry (``framework_runs.retries``), once there are ``count``."""
+    deadline = time.monotonic() + PATIENCE
+    while len(tries := framework_runs.retries(folder)) < count:
+        assert time.monotonic() < deadline, f"{len(tries)} of {count} retries"
+        time.sleep(0.05)
+    return tries
+
+
+def test_a_task_whose_key_is_held_is_retried_until_it_is_free_then_runs_once(
+    celery_tasks: Any, signals: Path
+) -> None:
+    key = f"retry-{signals.name}"
+    with TaskLockService().lock(f"celery:{key}", ttl=60):
+        result = celery_tasks.retried.delay(key, str(signals))
+        assert await_retries(signals, 1)[0] == 1  # try 1 found the key held
+        time.sleep(0.5)  # let the next try start, so that the pending countdown is a later one
+        tries = framework_runs.retries(signals)
+        releasing = time.time()
+    released = time.time()
+    assert result.get(timeout=120) == "ran"
+    runs = framework_runs.read_runs(signals)
+    assert len(runs.intervals) == 1, runs  # exactly one run
+    entry = runs.intervals[0][0]
+    assert entry >= releasing  # never beside the holder
+    # The try pending at the release was asked for by try len(tries) (or, had one more
+    # found the key held just before the release, the next): its countdown is at most
+    # 2 ** (n - 1) s (capped); then 30 s of slack for a loaded machine.
+    pending = min(DEFAULT_BACKOFF.most, 2 ** len(tries))
+    assert entry - released <= pending + 30, (entry - released, tries)
+    assert tries == list(range(1, len(tries) + 1))  # each try counted once, in order
+    assert framework_runs.retries(signals) in (tries, [*tries, len(tries) + 1])

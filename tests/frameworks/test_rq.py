@@ -17,6 +17,7 @@ import pytest
 from django.db import connections
 
 from django_tasklock import TaskLockService
+from django_tasklock.api.retrying import DEFAULT_BACKOFF
 from tests.jobs import PATIENCE, wait_for
 from tests.support import framework_runs, processes, rerun_runs
 
@@ -41,7 +42,8 @@ def queue(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> It
         "TASKLOCK_TEST_RQ_QUEUE": name,
     }
     logs = tmp_path_factory.mktemp("rqworker")
-    args = ["django", "rqworker", name]
+    # The scheduler enqueues the jobs that returned RQ's Retry when their interval is up.
+    args = ["django", "rqworker", name, "--with-scheduler"]
     try:
         with (
             processes.worker([*args, f"--name={name}-1"], env, logs / "first.log"),
@@ -145,6 +147,51 @@ def test_two_workers_twenty_triggers_during_a_run_make_exactly_one_more_run(
     rerun_runs.twenty_triggers(
         lambda: queue.enqueue("tests.jobs.rq_jobs.rebuild", key, str(tmp_path)), tmp_path
     )
+
+
+def await_retried(job: Any) -> int:
+    """``job.number_of_retries`` (the ``Retry`` results it returned) once it is 1 or more."""
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        job.refresh()
+        if job.number_of_retries:
+            return int(job.number_of_retries)
+        assert job.get_status().value != "failed", job.latest_result().exc_string
+        assert time.monotonic() < deadline, f"job {job.id} still {job.get_status()}"
+        time.sleep(0.05)
+
+
+def test_a_job_whose_key_is_held_returns_a_retry_until_it_is_free_then_runs_once(
+    queue: Any, tmp_path: Path
+) -> None:
+    from rq.results import Result
+
+    from django_tasklock.backends.redis import RedisBackend
+
+    key = f"{RUN}-retry"
+    holder = TaskLockService(RedisBackend(url=processes.redis_url()))
+    with holder.lock(f"rq:{key}", ttl=60):
+        job = queue.enqueue("tests.jobs.rq_jobs.retried", key, str(tmp_path))
+        await_retried(job)  # try 1 returned a Retry
+        time.sleep(0.5)  # let the next try start, so that the pending interval is a later one
+        retried = await_retried(job)
+        releasing = time.time()
+    released = time.time()
+    assert outcome(job) == "ran"
+    runs = framework_runs.read_runs(tmp_path)
+    assert len(runs.intervals) == 1, runs  # exactly one run
+    entry = runs.intervals[0][0]
+    assert entry >= releasing  # never beside the holder
+    # The try pending at the release was asked for by try ``retried`` (or the next, had
+    # it found the key held just before the release): an interval of at most
+    # 2 ** (n - 1) s, rounded up; the scheduler looks every second; 30 s of slack.
+    pending = min(DEFAULT_BACKOFF.most, 2**retried) + 1
+    assert entry - released <= pending + 30, (entry - released, retried)
+    job.refresh()
+    kinds = [result.type for result in job.results()]  # newest first
+    assert kinds[0] == Result.Type.SUCCESSFUL
+    assert kinds[1:] == [Result.Type.RETRIED] * job.number_of_retries
+    assert job.number_of_retries in (retried, retried + 1)
 
 
 @pytest.mark.databases

@@ -13,6 +13,7 @@ from typing import Any
 
 import django
 from celery import Celery, shared_task
+from celery.signals import task_retry
 from django.apps import apps
 from kombu.entity import Queue
 
@@ -94,6 +95,21 @@ def _rebuild(key: str, signals: str, worker: int) -> bool:
 def rebuild(key: str, signals: str) -> None:
     """``rerun_runs.job`` of :func:`_rebuild`, called in this worker process (not sent)."""
     rerun_runs.job(lambda folder, worker: _rebuild(key, folder, worker), signals, os.getpid())
+
+
+@shared_task
+@exclusive("celery:{key}", ttl=60, on_locked="retry")
+def retried(key: str, signals: str) -> str:
+    """Retried by Celery while ``celery:key`` is held; once it holds it, writes its run."""
+    framework_runs.held_for(signals, 0.0, os.getpid())
+    return "ran"
+
+
+@task_retry.connect
+def note_retry(sender: Any, request: Any, **kwargs: Any) -> None:
+    """Celery's ``task_retry`` in the worker: each try of :func:`retried` retried (``.retry``)."""
+    if sender.name == retried.name:  # ``request.retries``: the retries before this try
+        framework_runs.retried(request.args[1], int(request.retries) + 1)
 
 
 @shared_task

@@ -31,6 +31,13 @@ def record(key: str, signals: str, pause: float) -> str:
     return "ran"
 
 
+@core_exclusive("rq:{key}", ttl=60, on_locked="retry")
+def retried(key: str, signals: str) -> str:
+    """Returns RQ's ``Retry`` while ``rq:key`` is held; once it holds it, writes its run."""
+    framework_runs.held_for(signals, 0.0, os.getppid())
+    return "ran"
+
+
 def ping() -> str:
     return "pong"
 

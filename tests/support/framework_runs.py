@@ -35,6 +35,16 @@ def skipped(signals: str, worker: int) -> None:
     _write(Path(signals), ".skipped", str(worker))
 
 
+def retried(signals: str, attempt: int) -> None:
+    """Try ``attempt`` (from 1) of an ``on_locked="retry"`` job found its key held: ``.retry``."""
+    _write(Path(signals), ".retry", f"{attempt} {time.time()}")
+
+
+def retries(folder: Path) -> list[int]:
+    """The tries that found their key held and asked for a retry (``.retry``), in order."""
+    return sorted(int(path.read_text().split()[0]) for path in folder.glob("*.retry"))
+
+
 @dataclass
 class Runs:
     intervals: list[Interval]
