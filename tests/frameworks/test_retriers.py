@@ -13,8 +13,9 @@ import pytest
 
 from django_tasklock import TaskLockService
 from django_tasklock.api import retrying
-from django_tasklock.api.retrying import RetryBackoff, RetryUnavailable
+from django_tasklock.api.retrying import RetryBackoff
 from django_tasklock.contrib import retries
+from django_tasklock.exceptions import RetryUnavailable
 from tests.support import processes
 
 
