@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 from asgiref.sync import iscoroutinefunction
 
@@ -52,7 +52,7 @@ def exclusive(
     key: str | None = None,
     /,
     *,
-    on_locked: Callable[..., Any] | None = None,
+    on_locked: Callable[..., Any] | Literal["rerun", "retry"] | None = None,
     on_lost: OnLost = "continue",
     service: TaskLockService | None = None,
     **options: Unpack[LockKwargs],
@@ -61,7 +61,7 @@ def exclusive(
 def exclusive(
     *,
     key: KeySpec,
-    on_locked: Callable[..., Any] | None = None,
+    on_locked: Callable[..., Any] | Literal["rerun", "retry"] | None = None,
     on_lost: OnLost = "continue",
     service: TaskLockService | None = None,
     **options: Unpack[LockKwargs],
@@ -71,7 +71,7 @@ def exclusive(
     /,
     *,
     key: KeySpec = None,
-    on_locked: Callable[..., Any] | None = None,
+    on_locked: Callable[..., Any] | Literal["rerun", "retry"] | None = None,
     on_lost: OnLost = "continue",
     service: TaskLockService | None = None,
     **options: Unpack[LockKwargs],
@@ -89,6 +89,10 @@ def exclusive(
     ``requeue()``, ``Repeat``) is taken off. Only the job whose function this
     is is marked, not one whose function calls it.
 
+    ``on_locked="rerun"`` and ``on_locked="retry"`` are the core's (the
+    latter returns RQ's ``Retry``: it needs a worker started with
+    ``--with-scheduler``); a job they skip gets no ``"tasklock"`` mark.
+
     RQ's ``@job`` below it is a ``TypeError``: the worker would run the
     function without the lock.
     """
@@ -101,6 +105,18 @@ def exclusive(
     spec: KeySpec = target if target is not None else key
     if target is not None and key is not None:
         core_exclusive(target, key=key)  # type: ignore[call-overload]  # raises: the key twice
+    if isinstance(on_locked, str):
+        # "rerun" and "retry" are the core's (checked there): a job they skip
+        # either runs once more in its holder or is retried, and gets no mark.
+        core = core_exclusive(
+            key=spec, on_locked=on_locked, on_lost=on_lost, service=service, **options
+        )
+
+        def decorate_core(func: Callable[..., Any]) -> Callable[..., Any]:
+            refuse_rq_job(func)
+            return core(unmarking(func))
+
+        return decorate_core
     validate_callable("on_locked", on_locked, optional=True)
     # Checks every option now, as the core does.
     core_exclusive(key=spec, on_lost=on_lost, service=service, **options)

@@ -31,7 +31,7 @@ def record(key: str, signals: str, pause: float) -> str:
     return "ran"
 
 
-@core_exclusive("rq:{key}", ttl=60, on_locked="retry")
+@exclusive("rq:{key}", ttl=60, on_locked="retry")  # contrib.rq's, passing it to the core
 def retried(key: str, signals: str) -> str:
     """Returns RQ's ``Retry`` while ``rq:key`` is held; once it holds it, writes its run."""
     framework_runs.held_for(signals, 0.0, os.getppid())
@@ -80,7 +80,7 @@ def crash_once(key: str, signals: str) -> str:
     return "ran again"
 
 
-# The core decorator (contrib.rq's takes no "rerun"), on these workers' Redis backend.
+# The core decorator, on these workers' Redis backend (contrib.rq's passes "rerun" to it).
 @core_exclusive("rq-rerun:{key}", ttl=60, on_locked="rerun")
 def _rebuild(key: str, signals: str, worker: int) -> bool:
     return rerun_runs.body(signals, worker)
