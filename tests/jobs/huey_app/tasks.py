@@ -14,6 +14,7 @@ from typing import Any
 from huey.contrib.djhuey import HUEY, db_task, signal
 from huey.signals import SIGNAL_LOCKED
 
+from django_tasklock import exclusive
 from django_tasklock.contrib.huey import lock_task
 from tests.jobs import hold
 
@@ -68,3 +69,20 @@ def record_interval(signals: str, seconds: float) -> tuple[float, float]:
     entry = time.time()
     time.sleep(seconds)
     return entry, time.time()
+
+
+@db_task()
+def retry_when_held(signals: str, key: str, job: str) -> str | None:
+    """Note each try (``<job>.tries``), then run :func:`retried_when_held`."""
+    with (Path(signals) / f"{job}.tries").open("a") as tries:
+        tries.write(f"{time.time()}\n")
+    return retried_when_held(signals, key, job)
+
+
+@exclusive(key=lambda signals, key, job: lock_name(key), on_locked="retry", ttl=60)
+def retried_when_held(signals: str, key: str, job: str) -> str:
+    """The core's ``on_locked="retry"``: a held key raises ``RetryTask(delay=...)``
+    (the consumer knows the task by the hooks of ``install(HUEY)``, apps.py)."""
+    with (Path(signals) / f"{job}.runs").open("a") as runs:
+        runs.write(f"{time.time()}\n")
+    return f"ran:{job}"
