@@ -11,6 +11,11 @@ key. A message whose key is held is, as Dramatiq's own middleware does it:
 - ``when_held="retry"``: raised as ``dramatiq.Retry`` for the ``Retries``
   middleware, which sends it again after its backoff, up to ``max_retries``.
 
+The middleware also notes the message whose actor runs in each worker
+thread (:func:`current_message`): ``on_locked="retry"`` of ``@exclusive``
+finds the message to retry by it (or by Dramatiq's ``CurrentMessage``
+middleware, when that is on the broker instead).
+
 Bad options (an unknown lock option, a key template naming no argument, a
 wrong ``when_held``) are refused when the actor is declared, by an
 :class:`ExclusiveOptionError` naming the actor and the option; the lock
@@ -20,6 +25,7 @@ options' values are checked at each run, as by ``@exclusive``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any, Literal
 
 from django_tasklock.api.decorators import exclusive
@@ -27,13 +33,28 @@ from django_tasklock.contrib import require
 
 require("dramatiq")
 
-from dramatiq import Actor, Broker, Middleware, Retry  # noqa: E402
+from dramatiq import Actor, Broker, MessageProxy, Middleware, Retry  # noqa: E402
 from dramatiq.middleware import MiddlewareError, SkipMessage  # noqa: E402
 
 WhenHeld = Literal["skip", "retry"]
 WHEN_HELD: tuple[WhenHeld, ...] = ("skip", "retry")
 
-__all__ = ["WHEN_HELD", "ExclusiveOptionError", "TaskLock", "WhenHeld"]
+__all__ = ["WHEN_HELD", "ExclusiveOptionError", "TaskLock", "WhenHeld", "current_message"]
+
+#: The message whose actor runs in this worker thread now (set by :class:`TaskLock`).
+_MESSAGE: ContextVar[MessageProxy | None] = ContextVar(
+    "django_tasklock_dramatiq_message", default=None
+)
+
+
+def current_message() -> MessageProxy | None:
+    """The message whose actor this worker thread runs now; None elsewhere.
+
+    Known where :class:`TaskLock` is on the broker, for synchronous actors
+    (an ``async def`` actor runs on the event loop's thread, which does not
+    see it), as Dramatiq's own ``CurrentMessage`` middleware knows it.
+    """
+    return _MESSAGE.get()
 
 
 class ExclusiveOptionError(MiddlewareError, ValueError):
@@ -58,6 +79,22 @@ class TaskLock(Middleware):
     @property
     def actor_options(self) -> set[str]:
         return {"exclusive", "exclusive_options", "when_held"}
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        _MESSAGE.set(message)
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any | None = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        _MESSAGE.set(None)
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        _MESSAGE.set(None)
 
     def before_declare_actor(self, broker: Broker, actor: Actor[Any, Any]) -> None:
         options = actor.options

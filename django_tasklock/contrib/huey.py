@@ -9,7 +9,9 @@ by the heartbeat while the task runs, freed by itself when a consumer dies
 (no ``run_huey --flush-locks`` needed), listed by ``manage.py tasklock`` and
 the admin page. Its key is ``lock_name`` itself. ``install(HUEY)`` gives a
 Huey instance's ``lock_task``, ``is_locked`` and ``flush_locks`` the same
-(``run_huey --flush-locks`` then ends these leases).
+(``run_huey --flush-locks`` then ends these leases), and lets
+``@exclusive(..., on_locked="retry")`` know the task a consumer runs
+(:func:`track_tasks`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ require("huey")
 import logging  # noqa: E402
 import threading  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from contextvars import ContextVar  # noqa: E402
 from types import TracebackType  # noqa: E402
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast  # noqa: E402
 
-from huey.api import Huey, TaskWrapper  # noqa: E402
-from huey.exceptions import TaskLockedException  # noqa: E402
+from huey.api import Huey, Task, TaskWrapper  # noqa: E402
+from huey.exceptions import RetryTask, TaskLockedException  # noqa: E402
 
 from django_tasklock.api.decorators import ON_LOST, OnLost, exclusive  # noqa: E402
 from django_tasklock.api.service import TaskLockService  # noqa: E402
@@ -40,7 +43,16 @@ if TYPE_CHECKING:
 
     from django_tasklock.locking.options import LockKwargs
 
-__all__ = ["HueyLock", "TaskLock", "TaskLockedException", "install", "lock_task"]
+__all__ = [
+    "HeldRetry",
+    "HueyLock",
+    "TaskLock",
+    "TaskLockedException",
+    "current_task",
+    "install",
+    "lock_task",
+    "track_tasks",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -253,7 +265,7 @@ def install(huey: Huey, *, service: TaskLockService | None = None) -> None:
     as for :func:`lock_task` (default: ``TASKLOCK_BACKEND``). Installing
     again replaces the service. Install before the modules that decorate
     with ``@huey.lock_task`` are imported: a decorator applied before keeps
-    Huey's own lock.
+    Huey's own lock. It also calls :func:`track_tasks`.
     """
     if not isinstance(huey, Huey):
         raise TypeError(f"huey must be a Huey instance, not {type(huey).__name__}")
@@ -280,7 +292,62 @@ def install(huey: Huey, *, service: TaskLockService | None = None) -> None:
                 flushed.add(name)
         return flushed
 
+    track_tasks(huey)
     huey._tasklock_flush_locks = original
     huey.lock_task = lock_task_
     huey.is_locked = is_locked
     huey.flush_locks = flush_locks
+
+
+# -- on_locked="retry": the task a consumer runs --------------------------------
+
+#: The pre- and post-execute hooks' name on a Huey instance (:func:`track_tasks`).
+HOOK = "django_tasklock"
+
+#: The Huey instance and the task that this consumer thread runs now.
+_RUNNING: ContextVar[tuple[Huey, Task] | None] = ContextVar(
+    "django_tasklock_huey_task", default=None
+)
+
+
+class HeldRetry(RetryTask):  # type: ignore[misc]  # huey has no types
+    """Huey's ``RetryTask``, raised by ``on_locked="retry"`` when the task's key is held."""
+
+
+def current_task() -> tuple[Huey, Task] | None:
+    """The Huey instance and the task that this thread runs now, or None.
+
+    Known for the instances given to :func:`track_tasks` (or :func:`install`) only.
+    """
+    return _RUNNING.get()
+
+
+def tries_key(task: Task) -> str:
+    """The counter, in the Huey's storage, of a task's tries that found its key held."""
+    return f"django-tasklock:tries:{task.id}"
+
+
+def track_tasks(huey: Huey) -> None:
+    """Let ``@exclusive(..., on_locked="retry")`` know the task ``huey``'s consumer runs.
+
+    Registers a pre- and a post-execute hook named ``"django_tasklock"`` on
+    the instance (again: replaced): Huey has no "current task" of its own.
+    The tries of a task that found its key held are counted in the
+    instance's storage (a counter per task id, :func:`tries_key`), since
+    ``RetryTask`` leaves ``task.retries`` as it was; the post-execute hook
+    deletes the counter when a retried task ends other than by that retry.
+    """
+    if not isinstance(huey, Huey):
+        raise TypeError(f"huey must be a Huey instance, not {type(huey).__name__}")
+
+    def running(task: Task) -> None:
+        _RUNNING.set((huey, task))
+
+    def done(task: Task, value: Any, exception: BaseException | None) -> None:
+        _RUNNING.set(None)
+        # A task retried has an eta (the retry's): only those may have a counter.
+        if task.eta is not None and not isinstance(exception, HeldRetry):
+            huey.storage.delete_counter(tries_key(task))
+
+    huey.pre_execute(HOOK)(running)
+    huey.post_execute(HOOK)(done)

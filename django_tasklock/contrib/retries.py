@@ -12,7 +12,7 @@ import math
 import sys
 from typing import Any
 
-from django_tasklock.api.retrying import RetryBackoff, RetryPlan, register
+from django_tasklock.api.retrying import Retrier, RetryBackoff, RetryPlan, register
 
 
 def celery(backoff: RetryBackoff) -> RetryPlan | None:
@@ -63,7 +63,92 @@ def rq(backoff: RetryBackoff) -> RetryPlan | None:
     return RetryPlan("RQ", attempt, float(interval), act)
 
 
-RETRIERS = (celery, rq)
+def dramatiq(backoff: RetryBackoff) -> RetryPlan | None:
+    """Dramatiq: ``raise dramatiq.Retry(delay=<ms>)``, sent again by the ``Retries`` middleware.
+
+    The message running is Dramatiq's ``CurrentMessage`` middleware's, or
+    else the one our ``TaskLock`` middleware notes (``contrib.dramatiq``);
+    with neither on the broker, none is known. ``message.options["retries"]``
+    counts the retries so far. The try at which the ``Retries`` middleware
+    would fail the message instead (the message's or actor's ``max_retries``
+    used up), or where the broker has no ``Retries``, ends as skipped.
+    """
+    module: Any = sys.modules.get("dramatiq")
+    if module is None:
+        return None
+    message: Any = None
+    current: Any = sys.modules.get("dramatiq.middleware.current_message")
+    if current is not None:
+        message = current.CurrentMessage.get_current_message()
+    ours: Any = sys.modules.get("django_tasklock.contrib.dramatiq")
+    if message is None and ours is not None:
+        message = ours.current_message()
+    if message is None:
+        return None
+    retries = int(message.options.get("retries", 0))
+    attempt = retries + 1
+    most = _dramatiq_max_retries(message)
+    if attempt >= backoff.tries or (most is not None and retries >= most):
+        return RetryPlan("Dramatiq", attempt, None, lambda: None)
+    countdown = backoff.countdown(attempt)
+
+    def act() -> Any:
+        raise module.Retry("its task lock is held elsewhere", delay=round(countdown * 1000))
+
+    return RetryPlan("Dramatiq", attempt, countdown, act)
+
+
+def _dramatiq_max_retries(message: Any) -> int | None:
+    """How many retries the ``Retries`` middleware allows ``message`` (0: it has none).
+
+    None when it cannot be told (no global broker, an unknown actor, a
+    ``retry_when`` deciding instead): then only the backoff's tries count.
+    """
+    broker: Any = getattr(sys.modules.get("dramatiq.broker"), "global_broker", None)
+    retries_module: Any = sys.modules.get("dramatiq.middleware.retries")
+    if broker is None or retries_module is None:
+        return None
+    middleware = [m for m in broker.middleware if isinstance(m, retries_module.Retries)]
+    if not middleware:
+        return 0
+    try:
+        actor = broker.get_actor(message.actor_name)
+    except Exception:  # ActorNotFound: an actor of another broker
+        return None
+    if actor.options.get("retry_when", middleware[0].retry_when) is not None:
+        return None
+    most = message.options.get(
+        "max_retries", actor.options.get("max_retries", middleware[0].max_retries)
+    )
+    return None if most is None else int(most)
+
+
+def huey(backoff: RetryBackoff) -> RetryPlan | None:
+    """Huey: ``raise RetryTask(delay=<s>)`` (``contrib.huey.HeldRetry``), which requeues the task.
+
+    The task running is known where ``contrib.huey.track_tasks(HUEY)`` (or
+    ``install(HUEY)``) registered its hooks; its tries are counted in the
+    Huey's storage, ``RetryTask`` leaving ``task.retries`` untouched.
+    """
+    module: Any = sys.modules.get("django_tasklock.contrib.huey")
+    running = module.current_task() if module is not None else None
+    if running is None:
+        return None
+    instance, task = running
+    key = module.tries_key(task)
+    attempt = int(instance.storage.incr(key))
+    if attempt >= backoff.tries:
+        instance.storage.delete_counter(key)
+        return RetryPlan("Huey", attempt, None, lambda: None)
+    countdown = backoff.countdown(attempt)
+
+    def act() -> Any:
+        raise module.HeldRetry("its task lock is held elsewhere", delay=countdown)
+
+    return RetryPlan("Huey", attempt, countdown, act)
+
+
+RETRIERS: tuple[Retrier, ...] = (celery, rq, dramatiq, huey)
 
 
 def install() -> None:

@@ -8,6 +8,7 @@ SQLite database file. The test sends messages straight to the broker.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from tests.jobs import wait_for
+from tests.jobs import await_lines, wait_for
 from tests.support import framework_runs, processes, rerun_runs
 
 RUN = uuid.uuid4().hex[:8]
@@ -92,6 +93,28 @@ def test_when_held_retry_runs_the_message_again_once_the_key_is_free(
     (tmp_path / "first.release").touch()
     wait_for(tmp_path / "second.holding")
     (tmp_path / "second.release").touch()
+    assert not list(tmp_path.glob("*.skipped"))
+
+
+def test_on_locked_retry_has_dramatiq_retry_the_message_until_the_key_is_free(
+    send: Send, tmp_path: Path
+) -> None:
+    """The core's ``@exclusive(..., on_locked="retry")`` in an actor: the message
+    (known by the TaskLock middleware; no CurrentMessage on this broker) is
+    retried with ``dramatiq.Retry(delay=...)`` while the key is held, then runs once."""
+    key = f"{RUN}-core-retry"
+    send("hold_key", key, "first", str(tmp_path))
+    wait_for(tmp_path / "first.holding")
+    send("retry_when_held", key, "second", str(tmp_path))
+    tries = tmp_path / "second.tries"
+    await_lines(tries, 2)  # retried at least once
+    assert not (tmp_path / "second.runs").exists()
+    released = time.time()
+    (tmp_path / "first.release").touch()
+    wait_for(tmp_path / "second.runs")
+    time.sleep(1)  # room for a second run, which must not come
+    (ran,) = (tmp_path / "second.runs").read_text().split()
+    assert float(ran) >= released
     assert not list(tmp_path.glob("*.skipped"))
 
 
@@ -241,3 +264,97 @@ def test_lock_option_values_are_checked_at_each_run_before_any_write(stub_broker
     )(rebuild)
     with pytest.raises(ValueError, match="ttl"):
         actor("monday")
+
+
+def test_outside_a_message_the_dramatiq_retrier_knows_none() -> None:
+    processes.require_module("dramatiq")
+    import dramatiq.middleware.current_message  # noqa: F401 - looked for in sys.modules
+
+    import django_tasklock.contrib.dramatiq  # noqa: F401
+    from django_tasklock.api.retrying import RetryBackoff
+    from django_tasklock.contrib import retries
+
+    assert retries.dramatiq(RetryBackoff()) is None
+
+
+@pytest.fixture
+def current_message_broker() -> Any:
+    """A stub broker with Dramatiq's own ``CurrentMessage`` (no TaskLock), the global one,
+    and a worker of one thread in this process."""
+    processes.require_module("dramatiq")
+    import dramatiq
+    import dramatiq.broker
+    from dramatiq.brokers.stub import StubBroker
+    from dramatiq.middleware import CurrentMessage, Retries
+
+    before = dramatiq.broker.global_broker
+    broker = StubBroker(middleware=[CurrentMessage(), Retries()])
+    dramatiq.set_broker(broker)
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker.start()
+    yield broker
+    worker.stop()
+    broker.close()
+    dramatiq.broker.global_broker = before
+
+
+def test_with_current_message_a_held_key_retries_the_message_until_free(
+    current_message_broker: Any, key: str
+) -> None:
+    import dramatiq
+
+    from django_tasklock import TaskLockService, exclusive
+    from django_tasklock.backends.memory import MemoryBackend
+
+    service = TaskLockService(MemoryBackend())
+    tries: list[int] = []
+    runs: list[int] = []
+
+    @exclusive(key, on_locked="retry", service=service)
+    def run() -> None:
+        runs.append(1)
+
+    @dramatiq.actor(broker=current_message_broker, max_retries=20, throws=(TypeError,))
+    def job() -> None:
+        tries.append(1)
+        run()
+
+    with service.lock(key):
+        job.send()
+        deadline = time.monotonic() + 30
+        while len(tries) < 2:
+            assert time.monotonic() < deadline, "never retried"
+            time.sleep(0.05)
+        assert runs == []
+    current_message_broker.join(job.queue_name, timeout=30_000)
+    assert runs == [1]
+    assert not current_message_broker.dead_letters
+
+
+def test_the_actors_max_retries_used_up_ends_the_message_as_skipped(
+    current_message_broker: Any, key: str
+) -> None:
+    """The Retries middleware would fail the message (dead letters): the retrier
+    makes that try the last, which ends as skipped, acked."""
+    import dramatiq
+
+    from django_tasklock import TaskLockService, exclusive
+    from django_tasklock.backends.memory import MemoryBackend
+
+    service = TaskLockService(MemoryBackend())
+    tries: list[int] = []
+
+    @exclusive(key, on_locked="retry", service=service)
+    def run() -> None:
+        raise AssertionError("the key is held")  # pragma: no cover
+
+    @dramatiq.actor(broker=current_message_broker, max_retries=1, throws=(TypeError,))
+    def job() -> None:
+        tries.append(1)
+        run()
+
+    with service.lock(key):
+        job.send()
+        current_message_broker.join(job.queue_name, timeout=30_000)
+    assert len(tries) == 2  # the first, and its one retry
+    assert not current_message_broker.dead_letters

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import connections
 
 from django_tasklock import current_lock, lock, lock_skipped
-from tests.jobs import wait_for
+from tests.jobs import await_lines, wait_for
 from tests.support import processes, rerun_runs, services
 from tests.support.volume_workers import overlaps
 
@@ -122,6 +122,27 @@ def test_a_held_lock_sends_signal_locked_and_the_task_is_retried(
     assert outcome(result) == "ran:job"
 
 
+def test_on_locked_retry_has_huey_retry_the_task_until_the_key_is_free(
+    huey_tasks: Any, tmp_path: Path
+) -> None:
+    """The core's ``@exclusive(..., on_locked="retry")`` in a Huey task: the consumer
+    knows the task by ``install(HUEY)``'s hooks; ``RetryTask(delay=...)`` requeues
+    it while the key is held; it runs once, after the release; its counter goes."""
+    from huey.contrib.djhuey import HUEY
+
+    with lock(huey_tasks.lock_name("core-retry"), ttl=60):
+        result = huey_tasks.retry_when_held(str(tmp_path), "core-retry", "job")
+        await_lines(tmp_path / "job.tries", 2)  # retried at least once
+        assert not (tmp_path / "job.runs").exists()
+        released = time.time()
+    assert outcome(result) == "ran:job"
+    time.sleep(1)  # room for a second run, which must not come
+    (ran,) = (tmp_path / "job.runs").read_text().split()
+    assert float(ran) >= released
+    counter = f"django-tasklock:tries:{result.id}"
+    wait_until(lambda: HUEY.storage.conn.hget(HUEY.storage.counter_key, counter) is None)
+
+
 def test_two_consumers_fifty_overlapping_tasks_never_overlap(
     huey_tasks: Any, tmp_path: Path
 ) -> None:
@@ -209,6 +230,84 @@ def test_install_is_hueys_methods_on_the_instance(contrib: Any, key: str) -> Non
     assert huey._tasklock_flush_locks.__func__ is type(huey).flush_locks
     huey.put_if_empty(f"{huey.name}.lock.own", "1")
     assert huey.flush_locks("own") == {"own"}
+
+
+def far() -> Any:
+    """A moment after every retry's eta (the consumer's clock, in a test)."""
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None) + timedelta(hours=1)
+
+
+def test_track_tasks_lets_on_locked_retry_retry_the_running_task(contrib: Any, key: str) -> None:
+    """In this process, a Huey instance's consumer loop by hand: ``track_tasks``
+    hooks; a held key requeues the task with a delay; the key free, it runs,
+    and its counter of tries is gone."""
+    from huey import MemoryHuey
+
+    from django_tasklock import TaskLockService, exclusive
+    from django_tasklock.api.retrying import RetryBackoff
+    from django_tasklock.backends.memory import MemoryBackend
+    from django_tasklock.contrib import retries
+
+    huey = MemoryHuey("tasklock-retry")
+    contrib.track_tasks(huey)
+    service = TaskLockService(MemoryBackend())
+
+    @huey.task()  # type: ignore[untyped-decorator]
+    @exclusive(key, on_locked="retry", service=service)
+    def job() -> str:
+        return "ran"
+
+    result = job()
+    task = huey.dequeue()
+    with service.lock(key):
+        huey.execute(task)  # try 1: held
+    assert huey.storage.incr(contrib.tries_key(task), 0) == 1
+    (again,) = huey.read_schedule(far())
+    assert again.id == task.id
+    assert again.retries == 0  # RetryTask leaves the task's own retries alone
+    huey.execute(again, far())  # try 2: free
+    assert result.get() == "ran"
+    assert huey.storage.incr(contrib.tries_key(task), 0) == 0  # deleted by the post hook
+    assert retries.huey(RetryBackoff()) is None  # no task runs now
+
+
+def test_the_last_try_of_a_huey_task_ends_as_skipped(contrib: Any, key: str) -> None:
+    from huey import MemoryHuey
+
+    from django_tasklock import TaskLockService, exclusive
+    from django_tasklock.api.retrying import RetryBackoff
+    from django_tasklock.backends.memory import MemoryBackend
+
+    huey = MemoryHuey("tasklock-retry-last")
+    contrib.track_tasks(huey)
+    service = TaskLockService(MemoryBackend())
+
+    @huey.task()  # type: ignore[untyped-decorator]
+    @exclusive(key, on_locked="retry", service=service)
+    def job() -> str:
+        return "ran"  # pragma: no cover - never runs: the key is held
+
+    result = job()
+    task = huey.dequeue()
+    tries = 1
+    with service.lock(key):
+        huey.execute(task)
+        while scheduled := huey.read_schedule(far()):
+            (task,) = scheduled
+            huey.execute(task, far())
+            tries += 1
+    assert tries == RetryBackoff().tries
+    assert result.get() is None  # the last try: skipped
+    assert huey.storage.incr(contrib.tries_key(task), 0) == 0
+
+
+def test_outside_a_task_the_huey_retrier_knows_none(contrib: Any) -> None:
+    from django_tasklock.api.retrying import RetryBackoff
+    from django_tasklock.contrib import retries
+
+    assert retries.huey(RetryBackoff()) is None
 
 
 def test_install_takes_a_huey(contrib: Any) -> None:

@@ -55,6 +55,15 @@ def wait_for(path: Path, timeout: float = PATIENCE) -> None:
         time.sleep(0.05)
 
 
+def await_lines(path: Path, count: int, timeout: float = PATIENCE) -> None:
+    """Wait until ``path`` has ``count`` lines or more; ``TimeoutError`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not path.exists() or len(path.read_text().split()) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not get {count} lines within {timeout} s")
+        time.sleep(0.05)
+
+
 def ran(name: str, signals: str) -> None:
     """Append this process's pid to ``<signals>/<name>.runs`` (one line per run)."""
     with (Path(signals) / f"{name}.runs").open("a") as runs:

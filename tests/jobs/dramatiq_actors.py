@@ -76,3 +76,20 @@ def rebuild(key: str, signals: str) -> None:
     """``rerun_runs.job`` of a function under the core ``@exclusive(..., on_locked="rerun")``
     (not the ``exclusive`` actor option): the worker is the worker process."""
     rerun_runs.job(lambda folder, worker: _rebuild(key, folder, worker), signals, os.getpid())
+
+
+# throws=TypeError: a RetryUnavailable (no retrier knew the message) fails it at once,
+# rather than being retried by the Retries middleware's own backoff.
+@dramatiq.actor(queue_name=QUEUE, max_retries=20, throws=(TypeError,))
+def retry_when_held(key: str, job: str, signals: str) -> None:
+    """Note each try (``<job>.tries``), then run :func:`retried_when_held`."""
+    with (Path(signals) / f"{job}.tries").open("a") as tries:
+        tries.write(f"{os.getpid()}\n")
+    retried_when_held(key, job, signals)
+
+
+@exclusive("dramatiq:{key}", on_locked="retry", ttl=60)
+def retried_when_held(key: str, job: str, signals: str) -> None:
+    """The core's ``on_locked="retry"``: a held key raises ``dramatiq.Retry(delay=...)``."""
+    with (Path(signals) / f"{job}.runs").open("a") as runs:
+        runs.write(f"{time.time()}\n")

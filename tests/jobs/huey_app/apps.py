@@ -13,4 +13,6 @@ class HueyAppConfig(AppConfig):
 
         from django_tasklock.contrib.huey import install
 
-        install(HUEY)  # HUEY.lock_task, is_locked and flush_locks (run_huey --flush-locks)
+        # HUEY.lock_task, is_locked and flush_locks (run_huey --flush-locks), and the
+        # hooks by which on_locked="retry" knows the task a consumer runs.
+        install(HUEY)

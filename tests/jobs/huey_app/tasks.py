@@ -83,3 +83,20 @@ def rebuild(signals: str, key: str) -> None:
     """``rerun_runs.job`` of a function under the core ``@exclusive(..., on_locked="rerun")``
     (not ``lock_task``): the worker is the consumer's process."""
     rerun_runs.job(lambda folder, worker: _rebuild(key, folder, worker), signals, os.getpid())
+
+
+@db_task()
+def retry_when_held(signals: str, key: str, job: str) -> str | None:
+    """Note each try (``<job>.tries``), then run :func:`retried_when_held`."""
+    with (Path(signals) / f"{job}.tries").open("a") as tries:
+        tries.write(f"{time.time()}\n")
+    return retried_when_held(signals, key, job)
+
+
+@exclusive(key=lambda signals, key, job: lock_name(key), on_locked="retry", ttl=60)
+def retried_when_held(signals: str, key: str, job: str) -> str:
+    """The core's ``on_locked="retry"``: a held key raises ``RetryTask(delay=...)``
+    (the consumer knows the task by the hooks of ``install(HUEY)``, apps.py)."""
+    with (Path(signals) / f"{job}.runs").open("a") as runs:
+        runs.write(f"{time.time()}\n")
+    return f"ran:{job}"
