@@ -21,6 +21,7 @@ from django.db import connections
 from django_tasklock import TaskLockService
 from django_tasklock.api.retrying import DEFAULT_BACKOFF
 from django_tasklock.backends.database import DatabaseBackend
+from django_tasklock.exceptions import RetryUnavailable
 from tests.jobs import PATIENCE, wait_for
 from tests.support import framework_runs, processes, rerun_runs, services
 
@@ -180,3 +181,20 @@ def test_a_task_whose_key_is_held_is_retried_until_it_is_free_then_runs_once(
     assert entry - released <= pending + 30, (entry - released, tries)
     assert tries == list(range(1, len(tries) + 1))  # each try counted once, in order
     assert framework_runs.retries(signals) in (tries, [*tries, len(tries) + 1])
+
+
+def test_a_celery_task_called_as_a_function_is_no_run_to_retry(
+    celery_tasks: Any, tmp_path: Path
+) -> None:
+    """``task()`` in this process (``request.called_directly``): no worker to retry it.
+
+    Here, with the module's fixture: importing ``tests.jobs.celery_tasks`` before
+    the fixture set its queue would leave the module on the default queue.
+    """
+    key = f"direct-{tmp_path.name}"
+    with (
+        TaskLockService().lock(f"celery:{key}", ttl=60),
+        pytest.raises(RetryUnavailable, match="on_locked='rerun'"),
+    ):
+        celery_tasks.retried(key, str(tmp_path))
+    assert celery_tasks.retried(key, str(tmp_path)) == "ran"  # the key free

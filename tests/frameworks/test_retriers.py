@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
 import pytest
 
-from django_tasklock import TaskLockService
 from django_tasklock.api import retrying
 from django_tasklock.api.retrying import RetryBackoff
 from django_tasklock.contrib import retries
-from django_tasklock.exceptions import RetryUnavailable
 from tests.support import processes
 
 
@@ -30,21 +27,6 @@ def test_celery_outside_a_task_plans_nothing() -> None:
 
     assert not celery.current_task  # a proxy of None
     assert retries.celery(RetryBackoff()) is None
-
-
-@pytest.mark.databases
-def test_a_celery_task_called_as_a_function_is_no_run_to_retry(tmp_path: Path) -> None:
-    """``task()`` in this process (``request.called_directly``): no worker to retry it."""
-    processes.require_module("celery")
-    from tests.jobs import celery_tasks
-
-    key = f"direct-{tmp_path.name}"
-    with (
-        TaskLockService().lock(f"celery:{key}", ttl=60),
-        pytest.raises(RetryUnavailable, match="on_locked='rerun'"),
-    ):
-        celery_tasks.retried(key, str(tmp_path))
-    assert celery_tasks.retried(key, str(tmp_path)) == "ran"  # the key free
 
 
 def test_rq_outside_a_job_plans_nothing() -> None:
