@@ -166,9 +166,9 @@ def test_reported_times_follow_the_injected_clock(
     assert (held.expires_at - held.acquired_at).total_seconds() == pytest.approx(60)
 
 
-def test_capabilities_say_one_process_no_server_clock_and_permits() -> None:
+def test_capabilities_say_one_process_no_server_clock_permits_and_marks() -> None:
     assert MemoryBackend.capabilities == Capabilities(
-        cross_process=False, server_clock=False, dead_holders=True, permits=True
+        cross_process=False, server_clock=False, dead_holders=True, permits=True, rerun=True
     )
 
 
