@@ -15,6 +15,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django_tasklock.api.rerun import (
     ACQUIRED,
     arun_marked,
+    as_body,
     atake_or_mark,
     check_rerun,
     run_marked,
@@ -321,17 +322,7 @@ def _wrap_rerun(
                 return _when_held(None, args, kwargs, held.seen)
 
             async def work() -> Any:
-                held.enter_body()
-                error: BaseException | None = None
-                try:
-                    return await func(*args, **kwargs)
-                except BaseException as exc:
-                    error = exc
-                    raise
-                finally:
-                    stopped = held.leave_body(error)
-                    if stopped is not None:
-                        raise stopped from error  # the loss stopped the work
+                return await as_body(held, lambda: func(*args, **kwargs))
 
             return await arun_marked(held, work, name)
 

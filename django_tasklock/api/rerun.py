@@ -147,6 +147,22 @@ async def arun_marked(lock: Lock, work: Callable[[], Awaitable[T]], name: str) -
         _again(lock, name)
 
 
+async def as_body(lock: Lock, work: Callable[[], Awaitable[T]]) -> T:
+    """``await work()`` as the body of ``async with lock`` runs: ``current_lock()`` is
+    ``lock``, and with ``cancel_on_loss`` a loss stops it with ``LockLost``."""
+    lock.enter_body()
+    error: BaseException | None = None
+    try:
+        return await work()
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        stopped = lock.leave_body(error)
+        if stopped is not None:
+            raise stopped from error  # the loss stopped the work
+
+
 def _marked_after_release(lock: Lock) -> bool:
     """Whether a mark came between the last take and the release (then it is on a free key)."""
     if lock.lost or any(c.in_atomic_block for c in connections.all(initialized_only=True)):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Generic, Literal, TypeVar, cast
 from django_tasklock.api.rerun import (
     ACQUIRED,
     arun_marked,
+    as_body,
     atake_or_mark,
     check_rerun,
     run_marked,
@@ -283,18 +284,10 @@ class TaskLockService:
         if outcome != ACQUIRED:
             return LockResult(acquired=False, rerun=outcome == RERUN)
 
-        async def work() -> T:
-            lock.enter_body()  # current_lock(), cancel_on_loss: as for any `async with`
-            error: BaseException | None = None
-            try:
-                return await awaited("async_fn", async_fn(), twin="run_exclusive")
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                stopped = lock.leave_body(error)
-                if stopped is not None:
-                    raise stopped from error  # the loss stopped the work
+        async def work() -> T:  # current_lock(), cancel_on_loss: as for any `async with`
+            return await as_body(
+                lock, lambda: awaited("async_fn", async_fn(), twin="run_exclusive")
+            )
 
         result = await arun_marked(lock, work, name)
         return LockResult(

@@ -10,31 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from django_tasklock import TaskLockService, exclusive, lock_skipped
+from django_tasklock import TaskLockService, exclusive
 from django_tasklock.backends.base import BaseBackend
 from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.testing import ContractBackend
 
 PATIENCE = 120  # a generous bound for a condition, never a pause
-
-
-@pytest.fixture
-def skipped() -> Iterator[list[dict[str, Any]]]:
-    sent: list[dict[str, Any]] = []
-
-    def record(sender: Any, signal: Any, **kwargs: Any) -> None:
-        sent.append(kwargs)
-
-    lock_skipped.connect(record, weak=False)
-    yield sent
-    lock_skipped.disconnect(record)
 
 
 class Rebuild:

@@ -13,23 +13,11 @@ from typing import Any
 
 import pytest
 
-from django_tasklock import TaskLockService, exclusive, lock_skipped
+from django_tasklock import TaskLockService, exclusive
 from django_tasklock.api import retrying
 from django_tasklock.api.retrying import RetryBackoff, RetryPlan
 from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.exceptions import RetryUnavailable
-
-
-@pytest.fixture
-def skipped() -> Iterator[list[dict[str, Any]]]:
-    sent: list[dict[str, Any]] = []
-
-    def record(sender: Any, signal: Any, **kwargs: Any) -> None:
-        sent.append(kwargs)
-
-    lock_skipped.connect(record, weak=False)
-    yield sent
-    lock_skipped.disconnect(record)
 
 
 class Retried(Exception):

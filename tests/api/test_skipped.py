@@ -5,32 +5,19 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
 
-from django_tasklock import TaskLockService, exclusive, lock_skipped
+from django_tasklock import TaskLockService, exclusive
 from django_tasklock.backends.base import HeldLock
 from django_tasklock.backends.memory import MemoryBackend
 from django_tasklock.leases.lease import new_token
 from django_tasklock.testing import ContractBackend
 
 LONG, LIFE = timedelta(seconds=30), timedelta(hours=1)
-
-
-@pytest.fixture
-def skipped() -> Iterator[list[dict[str, Any]]]:
-    sent: list[dict[str, Any]] = []
-
-    def record(sender: Any, signal: Any, **kwargs: Any) -> None:
-        sent.append(kwargs)
-
-    lock_skipped.connect(record, weak=False)
-    yield sent
-    lock_skipped.disconnect(record)
 
 
 class CountingPeeks(MemoryBackend):
