@@ -67,6 +67,7 @@ class TaskLockConfig(AppConfig):
 
         setting_changed.connect(_forget_backend, dispatch_uid="django_tasklock.reset")
         _observe()
-        from django_tasklock.contrib import retries  # imports no framework
+        from django_tasklock.contrib import reruns, retries  # they import no framework
 
         retries.install()
+        reruns.install()

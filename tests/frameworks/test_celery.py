@@ -144,7 +144,9 @@ def test_twenty_triggers_during_a_run_make_exactly_one_more_run(
     key = f"rerun-{tmp_path.name}"
     sent: list[Any] = []
     rerun_runs.twenty_triggers(
-        lambda: sent.append(celery_tasks.rebuild.delay(key, str(tmp_path))), tmp_path
+        lambda n: sent.append(celery_tasks.rebuild.delay(key, str(tmp_path), n)),
+        tmp_path,
+        sent_again=True,
     )
     assert [result.get(timeout=60) for result in sent] == [None] * (rerun_runs.TRIGGERS + 1)
 

@@ -188,6 +188,6 @@ def test_twenty_triggers_during_a_run_make_exactly_one_more_run(
 
     key = f"rerun-{tmp_path.name}"
     rerun_runs.twenty_triggers(
-        lambda: async_task(f"{FUNC}.rebuild", key, str(tmp_path), group=key), tmp_path
+        lambda n: async_task(f"{FUNC}.rebuild", key, str(tmp_path), n, group=key), tmp_path
     )
     assert results(key, rerun_runs.TRIGGERS + 1) == [None] * (rerun_runs.TRIGGERS + 1)

@@ -142,7 +142,7 @@ def test_two_processes_twenty_triggers_during_a_run_make_exactly_one_more_run(
 ) -> None:
     """The holder takes one worker process (one thread); the other skips the 20."""
     key = f"{RUN}-rerun-{tmp_path.name}"
-    rerun_runs.twenty_triggers(lambda: send("rebuild", key, str(tmp_path)), tmp_path)
+    rerun_runs.twenty_triggers(lambda n: send("rebuild", key, str(tmp_path), n), tmp_path)
 
 
 @pytest.fixture

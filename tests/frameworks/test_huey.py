@@ -162,7 +162,7 @@ def test_two_consumers_twenty_triggers_during_a_run_make_exactly_one_more_run(
 ) -> None:
     """The holder takes one consumer's only worker; the other consumer skips the 20."""
     key = f"rerun-{tmp_path.name}"
-    rerun_runs.twenty_triggers(lambda: huey_tasks.rebuild(str(tmp_path), key), tmp_path)
+    rerun_runs.twenty_triggers(lambda n: huey_tasks.rebuild(str(tmp_path), key, n), tmp_path)
 
 
 # -- in the test process: the drop-in's own surface ----------------------------

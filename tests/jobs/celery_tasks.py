@@ -84,17 +84,17 @@ def work_until_released(key: str, job: str, signals: str, attempt: int) -> str:
     return f"ran:{job}:attempt {attempt}"
 
 
-@shared_task
 @exclusive("celery:{key}", ttl=60, on_locked="rerun")
-def _rebuild(key: str, signals: str, worker: int) -> bool:
-    """A task over ``@exclusive(..., on_locked="rerun")``, called in :func:`rebuild`'s process."""
-    return rerun_runs.body(signals, worker)
+def _rebuild(key: str, signals: str, worker: int, n: int) -> bool:
+    """Under ``@exclusive(..., on_locked="rerun")``, called by the task :func:`rebuild`:
+    a skipped call marks the key with that task's call, which the holder sends again."""
+    return rerun_runs.body(signals, worker, n)
 
 
 @shared_task
-def rebuild(key: str, signals: str) -> None:
-    """``rerun_runs.job`` of :func:`_rebuild`, called in this worker process (not sent)."""
-    rerun_runs.job(lambda folder, worker: _rebuild(key, folder, worker), signals, os.getpid())
+def rebuild(key: str, signals: str, n: int) -> None:
+    """``rerun_runs.job`` of :func:`_rebuild`, called in this task's run."""
+    rerun_runs.job(lambda f, w, m: _rebuild(key, f, w, m), signals, os.getpid(), n)
 
 
 @shared_task

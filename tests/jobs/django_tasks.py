@@ -36,11 +36,11 @@ def record(key: str, signals: str, pause: float) -> str:
 
 
 @exclusive("django-task:{key}", ttl=60, on_locked="rerun")
-def _rebuild(key: str, signals: str, worker: int) -> bool:
-    return rerun_runs.body(signals, worker)
+def _rebuild(key: str, signals: str, worker: int, n: int) -> bool:
+    return rerun_runs.body(signals, worker, n)
 
 
 @task()
-def rebuild(key: str, signals: str) -> None:
+def rebuild(key: str, signals: str, n: int) -> None:
     """``rerun_runs.job`` of a function under ``@exclusive(..., on_locked="rerun")``."""
-    rerun_runs.job(lambda folder, worker: _rebuild(key, folder, worker), signals, os.getpid())
+    rerun_runs.job(lambda f, w, m: _rebuild(key, f, w, m), signals, os.getpid(), n)

@@ -67,15 +67,15 @@ def crash_once(key: str, signals: str) -> None:
 
 
 @exclusive("dramatiq-rerun:{key}", ttl=60, on_locked="rerun")
-def _rebuild(key: str, signals: str, worker: int) -> bool:
-    return rerun_runs.body(signals, worker)
+def _rebuild(key: str, signals: str, worker: int, n: int) -> bool:
+    return rerun_runs.body(signals, worker, n)
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=0)
-def rebuild(key: str, signals: str) -> None:
+def rebuild(key: str, signals: str, n: int) -> None:
     """``rerun_runs.job`` of a function under the core ``@exclusive(..., on_locked="rerun")``
     (not the ``exclusive`` actor option): the worker is the worker process."""
-    rerun_runs.job(lambda folder, worker: _rebuild(key, folder, worker), signals, os.getpid())
+    rerun_runs.job(lambda f, w, m: _rebuild(key, f, w, m), signals, os.getpid(), n)
 
 
 # throws=TypeError: a RetryUnavailable (no retrier knew the message) fails it at once,

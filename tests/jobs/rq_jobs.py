@@ -82,11 +82,11 @@ def crash_once(key: str, signals: str) -> str:
 
 # The core decorator, on these workers' Redis backend (contrib.rq's passes "rerun" to it).
 @core_exclusive("rq-rerun:{key}", ttl=60, on_locked="rerun")
-def _rebuild(key: str, signals: str, worker: int) -> bool:
-    return rerun_runs.body(signals, worker)
+def _rebuild(key: str, signals: str, worker: int, n: int) -> bool:
+    return rerun_runs.body(signals, worker, n)
 
 
-def rebuild(key: str, signals: str) -> None:
+def rebuild(key: str, signals: str, n: int) -> None:
     """``rerun_runs.job`` of a function under ``@exclusive(..., on_locked="rerun")``; the
     worker is the work horse's parent, the ``rqworker`` process."""
-    rerun_runs.job(lambda folder, worker: _rebuild(key, folder, worker), signals, os.getppid())
+    rerun_runs.job(lambda f, w, m: _rebuild(key, f, w, m), signals, os.getppid(), n)

@@ -1,11 +1,14 @@
 """``on_locked="rerun"`` with real task-framework workers: 20 triggers during one run.
 
 The scenario (:func:`twenty_triggers`), the same for every framework: a job
-holds the key and waits; 20 more jobs of the same key are sent, each after
-the test wrote the change it announces (a counter in a file, 1 to 20); all
-20 are skipped and mark the key; the holder is let go. Exactly one more run
-must follow, in the holder's worker, after the first run ended, having read
-the counter's final value; no two runs at once.
+(its argument ``n`` 0) holds the key and waits; 20 more jobs of the same key
+are sent (``n`` 1 to 20), each after the test wrote the change it announces
+(a counter in a file, 1 to 20); all 20 are skipped and mark the key; the
+holder is let go. Exactly one more run must follow, after the first run
+ended, having read the counter's final value; no two runs at once. Where the
+framework's integration sends a skipped call once more (``sent_again``),
+that run is the last skipped job's (``n`` 20), in any worker; elsewhere the
+holder runs its own work again (``n`` 0), in its worker.
 
 The job side: the framework's job calls :func:`job` with a function
 decorated ``@exclusive(key, on_locked="rerun")`` that calls :func:`body`.
@@ -25,8 +28,9 @@ TRIGGERS = 20
 PATIENCE = 120.0  # a generous bound for a condition, never a pause
 
 
-def body(signals: str, worker: int) -> bool:
-    """The locked work: note the counter it starts from; the first run waits for ``go``."""
+def body(signals: str, worker: int, n: int) -> bool:
+    """The locked work: note the counter it starts from, and its job's ``n``; the first
+    run waits for ``go``."""
     folder = Path(signals)
     entry = time.time()  # read after the lock was granted
     seen = int((folder / "counter").read_text())
@@ -37,13 +41,13 @@ def body(signals: str, worker: int) -> bool:
             if time.monotonic() > deadline:
                 raise TimeoutError("the test never let the first run go")
             time.sleep(0.01)
-    _write(folder, ".ran", f"{entry} {time.time()} {worker} {seen}")
+    _write(folder, ".ran", f"{entry} {time.time()} {worker} {seen} {n}")
     return True
 
 
-def job(locked: Callable[[str, int], Any], signals: str, worker: int) -> None:
+def job(locked: Callable[[str, int, int], Any], signals: str, worker: int, n: int) -> None:
     """The job: the locked function, and a note of how its call ended (``.skipped``/``.done``)."""
-    if locked(signals, worker) is None:
+    if locked(signals, worker, n) is None:
         _write(Path(signals), ".skipped", str(worker))
     else:
         _write(Path(signals), ".done", str(worker))
@@ -58,23 +62,30 @@ def _await(folder: Path, suffix: str, count: int) -> list[str]:
     return [path.read_text() for path in found]
 
 
-def twenty_triggers(send: Callable[[], None], folder: Path) -> None:
-    """The scenario: ``send()`` enqueues one job of the key, writing to ``folder``."""
+def twenty_triggers(
+    send: Callable[[int], None], folder: Path, *, sent_again: bool = False
+) -> None:
+    """The scenario: ``send(n)`` enqueues job ``n`` of the key, writing to ``folder``."""
     (folder / "counter").write_text("0")
-    send()  # the holder
+    send(0)  # the holder
     _await(folder, "started", 1)
     for change in range(1, TRIGGERS + 1):
         (folder / "counter").write_text(str(change))  # the change its trigger announces
-        send()
+        send(change)
     _await(folder, ".skipped", TRIGGERS)
     (folder / "go").touch()
-    _await(folder, ".done", 1)  # the holder's call returned: both its runs are written
+    # Every call that ran has returned (the holder's; and the one sent again): all runs written.
+    _await(folder, ".done", 2 if sent_again else 1)
     runs = sorted(tuple(map(float, text.split())) for text in _await(folder, ".ran", 2))
     assert len(runs) == 2, f"{len(runs)} runs: one, then exactly one more"
-    (_, first_exit, first_worker, first_seen) = runs[0]
-    (second_entry, _, second_worker, second_seen) = runs[1]
-    assert first_seen == 0
+    (_, first_exit, first_worker, first_seen, first_n) = runs[0]
+    (second_entry, _, second_worker, second_seen, second_n) = runs[1]
+    assert (first_seen, first_n) == (0, 0)
     assert second_seen == TRIGGERS, "the run once more saw every change made before a trigger"
     assert second_entry >= first_exit, "the run once more started after the first ended"
-    assert second_worker == first_worker, "run once more by the holder's worker"
+    if sent_again:
+        assert second_n == TRIGGERS, "the last skipped call was sent again, with its arguments"
+    else:
+        assert second_n == 0, "the holder ran its own work again"
+        assert second_worker == first_worker, "run once more by the holder's worker"
     assert len(list(folder.glob("*.skipped"))) == TRIGGERS

@@ -74,15 +74,15 @@ def record_interval(signals: str, seconds: float) -> tuple[float, float]:
 
 
 @exclusive("huey-rerun:{key}", ttl=60, on_locked="rerun")
-def _rebuild(key: str, signals: str, worker: int) -> bool:
-    return rerun_runs.body(signals, worker)
+def _rebuild(key: str, signals: str, worker: int, n: int) -> bool:
+    return rerun_runs.body(signals, worker, n)
 
 
 @db_task()
-def rebuild(signals: str, key: str) -> None:
+def rebuild(signals: str, key: str, n: int) -> None:
     """``rerun_runs.job`` of a function under the core ``@exclusive(..., on_locked="rerun")``
     (not ``lock_task``): the worker is the consumer's process."""
-    rerun_runs.job(lambda folder, worker: _rebuild(key, folder, worker), signals, os.getpid())
+    rerun_runs.job(lambda f, w, m: _rebuild(key, f, w, m), signals, os.getpid(), n)
 
 
 @db_task()
