@@ -132,7 +132,9 @@ def exclusive(
     else ``None``. With ``on_locked="rerun"``, a skipped call marks the key
     instead, and returns as skipped: the call holding the key runs the
     function once more, with its own arguments, when its run ends (however
-    many calls were skipped meanwhile; see docs/rerun.md). With
+    many calls were skipped meanwhile), or, where the skipped call ran in a
+    task its framework's integration can send again, sends the latest such
+    call once more (see docs/rerun.md). With
     ``on_locked="retry"``, a task's call asks its framework (Celery, RQ 2.1+,
     Dramatiq, Huey) to run the task again later, after a jittered countdown
     that doubles per try (``api.retrying.RetryBackoff``); its last try ends as
