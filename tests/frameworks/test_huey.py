@@ -160,9 +160,13 @@ def test_two_consumers_fifty_overlapping_tasks_never_overlap(
 def test_two_consumers_twenty_triggers_during_a_run_make_exactly_one_more_run(
     huey_tasks: Any, tmp_path: Path
 ) -> None:
-    """The holder takes one consumer's only worker; the other consumer skips the 20."""
+    """The holder takes one consumer's only worker; the other consumer skips the 20. The
+    tasks are known by install(HUEY)'s hooks (huey_app): the holder enqueues the last
+    skipped task's call once more, on its own Huey, for either consumer."""
     key = f"rerun-{tmp_path.name}"
-    rerun_runs.twenty_triggers(lambda n: huey_tasks.rebuild(str(tmp_path), key, n), tmp_path)
+    rerun_runs.twenty_triggers(
+        lambda n: huey_tasks.rebuild(str(tmp_path), key, n), tmp_path, sent_again=True
+    )
 
 
 # -- in the test process: the drop-in's own surface ----------------------------
