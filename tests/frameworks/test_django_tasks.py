@@ -137,4 +137,6 @@ def test_db_workers_twenty_triggers_during_a_run_make_exactly_one_more_run(
 ) -> None:
     queued = tasks.rebuild.using(backend="database")
     key = f"rerun-{tmp_path.name}"
-    rerun_runs.twenty_triggers(lambda n: queued.enqueue(key, str(tmp_path), n), tmp_path)
+    rerun_runs.twenty_triggers(
+        lambda n: queued.enqueue(key, str(tmp_path), n), tmp_path, sent_again=True
+    )

@@ -145,7 +145,9 @@ def test_two_workers_twenty_triggers_during_a_run_make_exactly_one_more_run(
     """The holder takes one ``rqworker``; the other skips the 20 (each in a work horse)."""
     key = f"{RUN}-rerun-{tmp_path.name}"
     rerun_runs.twenty_triggers(
-        lambda n: queue.enqueue("tests.jobs.rq_jobs.rebuild", key, str(tmp_path), n), tmp_path
+        lambda n: queue.enqueue("tests.jobs.rq_jobs.rebuild", key, str(tmp_path), n),
+        tmp_path,
+        sent_again=True,
     )
 
 

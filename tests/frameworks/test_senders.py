@@ -1,0 +1,154 @@
+"""The frameworks' senders of ``on_locked="rerun"`` (``contrib.reruns``) without a worker.
+
+Outside a task none describes a call. django-q2's and Django's Tasks
+framework's know the running task from their workers' signals (connected by
+the app's ``ready()``), sent here by hand. With real workers, a skipped call
+sent again: ``twenty_triggers`` in test_celery.py, test_rq.py,
+test_django_q2.py, test_django_tasks.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from django.apps import apps
+
+from django_tasklock.api import rerun
+from django_tasklock.contrib import reruns
+from tests.support import processes
+
+
+def test_every_sender_is_installed_by_the_apps_ready() -> None:
+    assert {sender.framework for sender in reruns.SENDERS} >= {
+        "Celery",
+        "RQ",
+        "django-q2",
+        "django.tasks",
+    }
+    assert all(rerun._senders[sender.framework] == sender for sender in reruns.SENDERS)
+
+
+@pytest.mark.parametrize(
+    "describe",
+    [
+        reruns.celery_describe,
+        reruns.rq_describe,
+        reruns.django_q2_describe,
+        reruns.django_tasks_describe,
+    ],
+)
+def test_outside_a_task_no_sender_describes_a_call(describe: Any) -> None:
+    for module in ("celery", "rq", "django_q", "django_tasks"):
+        if importlib.util.find_spec(module) is not None:
+            importlib.import_module(module)
+    assert describe() is None
+    assert rerun.running_call() == ""
+
+
+def test_without_the_frameworks_imported_nothing_is_described(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(sys.modules, "celery", raising=False)
+    monkeypatch.delitem(sys.modules, "rq", raising=False)
+    assert reruns.celery_describe() is None
+    assert reruns.rq_describe() is None
+
+
+class FakeJob:
+    """What the RQ sender reads of the running job."""
+
+    def __init__(self, func_name: str, instance: object = None) -> None:
+        self.func_name = func_name
+        self.instance = instance
+        self.args = ("day", 3)
+        self.kwargs = {"force": True}
+        self.origin = "nightly"
+
+
+def test_rq_describes_the_current_jobs_function_arguments_and_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    processes.require_module("rq")
+    import rq
+
+    job = FakeJob("app.jobs.rebuild")
+    monkeypatch.setattr(rq, "get_current_job", lambda: job)
+    assert reruns.rq_describe() == {
+        "task": "app.jobs.rebuild",
+        "args": ["day", 3],
+        "kwargs": {"force": True},
+        "queue": "nightly",
+    }
+    job.instance = object()  # a method of an instance: no name reaches it
+    assert reruns.rq_describe() is None
+    monkeypatch.setattr(rq, "get_current_job", lambda: FakeJob("app.jobs.<lambda>"))
+    assert reruns.rq_describe() is None
+
+
+def test_rq_send_outside_a_job_without_django_rq_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    processes.require_module("rq")
+    monkeypatch.delitem(sys.modules, "django_rq", raising=False)
+    call = {"task": "app.jobs.rebuild", "args": [], "kwargs": {}, "queue": "nightly"}
+    with pytest.raises(RuntimeError, match="no RQ job runs in the holder"):
+        reruns.rq_send(call)
+
+
+def test_django_q2_describes_the_task_between_its_workers_signals() -> None:
+    # The receivers themselves: django_q is no installed app of the tests' settings, and
+    # its signals module, importing its settings (Q_CLUSTER, unset here), warns.
+    task = {
+        "func": "app.tasks.rebuild",
+        "args": ("day",),
+        "kwargs": {"group": "a keyword of the function"},
+        "group": "nightly",
+        "hook": len,
+    }
+    reruns._q2_started(sender="django_q", func=None, task=task)
+    try:
+        assert reruns.django_q2_describe() == {
+            "task": "app.tasks.rebuild",
+            "args": ["day"],
+            "kwargs": {"group": "a keyword of the function"},
+            "q_options": {"group": "nightly", "hook": "builtins.len", "ack_failure": False},
+        }
+        assert rerun.running_call().startswith('{"framework": "django-q2"')
+    finally:
+        reruns._q2_finished(sender="django_q", func=None, task=task)
+    assert reruns.django_q2_describe() is None
+
+
+def test_django_tasks_describes_the_task_between_its_workers_signals() -> None:
+    if not apps.is_installed("django_tasks"):
+        pytest.skip("the django-tasks backport is no installed app here")
+    from django_tasks.signals import task_finished, task_started
+
+    task = SimpleNamespace(
+        module_path="app.tasks.rebuild", backend="database", queue_name="q", priority=3
+    )
+    result = SimpleNamespace(
+        id="1",
+        status="RUNNING",
+        task=task,
+        args=["day"],
+        kwargs={"n": 1, "tasklock_unique": ["key", "token"]},
+    )
+    task_started.send(sender=object, task_result=result)  # connected by the app's ready()
+    try:
+        assert reruns.django_tasks_describe() == {
+            "task": "app.tasks.rebuild",
+            "args": ["day"],
+            "kwargs": {"n": 1},  # unique_on's claim is never sent again
+            "backend": "database",
+            "queue_name": "q",
+            "priority": 3,
+        }
+    finally:
+        task_finished.send(sender=object, task_result=result)
+    assert reruns.django_tasks_describe() is None
