@@ -26,17 +26,12 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from django_tasklock.api.rerun import Sender, register_sender
-
-
-def _celery_task() -> Any:
-    """The Celery task a worker runs now (``called_directly``: none), or None."""
-    task: Any = getattr(sys.modules.get("celery"), "current_task", None)
-    return task if task and not task.request.called_directly else None
+from django_tasklock.contrib import running
 
 
 def celery_describe() -> dict[str, Any] | None:
     """Celery: the running task's name and arguments (``request.args``, ``request.kwargs``)."""
-    task = _celery_task()
+    task = running.celery_task()
     if task is None:
         return None
     request = task.request
@@ -64,26 +59,11 @@ DRAMATIQ_OPTIONS = (
 )
 
 
-def _dramatiq_message() -> Any:
-    """The Dramatiq message whose actor this thread runs now, or None: Dramatiq's
-    ``CurrentMessage`` middleware's, else the one our ``TaskLock`` notes (as the retrier)."""
-    if "dramatiq" not in sys.modules:
-        return None
-    message: Any = None
-    current: Any = sys.modules.get("dramatiq.middleware.current_message")
-    if current is not None:
-        message = current.CurrentMessage.get_current_message()
-    ours: Any = sys.modules.get("django_tasklock.contrib.dramatiq")
-    if message is None and ours is not None:
-        message = ours.current_message()
-    return message
-
-
 def dramatiq_describe() -> dict[str, Any] | None:
     """Dramatiq: the running message's actor, queue, arguments and run options
     (:data:`DRAMATIQ_OPTIONS`); None where no message is known (neither ``TaskLock``
     nor ``CurrentMessage`` on the broker; an ``async def`` actor)."""
-    message = _dramatiq_message()
+    message = running.dramatiq_message()
     if message is None:
         return None
     common: Any = sys.modules["dramatiq.common"]
@@ -119,11 +99,10 @@ def dramatiq_send(call: dict[str, Any]) -> None:
 def huey_describe() -> dict[str, Any] | None:
     """Huey: the running task's name in its Huey's registry, its arguments, its Huey's
     name; known where ``contrib.huey.track_tasks`` (or ``install``) hooked the consumer."""
-    module: Any = sys.modules.get("django_tasklock.contrib.huey")
-    running = module.current_task() if module is not None else None
-    if running is None:
+    found = running.huey_task()
+    if found is None:
         return None
-    instance, task = running
+    instance, task = found
     kwargs = dict(task.kwargs or {})
     if kwargs.get("task") is task:  # a context=True task's own, injected
         del kwargs["task"]
@@ -138,10 +117,9 @@ def huey_describe() -> dict[str, Any] | None:
 
 def _huey_instance() -> Any:
     """The Huey to enqueue on: the one whose task runs here (the holder's), else djhuey's."""
-    module: Any = sys.modules.get("django_tasklock.contrib.huey")
-    running = module.current_task() if module is not None else None
-    if running is not None:
-        return running[0]
+    found = running.huey_task()
+    if found is not None:
+        return found[0]
     djhuey: Any = sys.modules.get("huey.contrib.djhuey")
     if djhuey is not None:
         return djhuey.HUEY
@@ -175,8 +153,7 @@ def _importable(path: object) -> bool:
 def rq_describe() -> dict[str, Any] | None:
     """RQ: the current job's function (dotted path), arguments and queue (``origin``); None
     for a job of an instance's method (``job.instance``), which a name cannot reach."""
-    get_current_job: Any = getattr(sys.modules.get("rq"), "get_current_job", None)
-    job: Any = get_current_job() if get_current_job is not None else None
+    job = running.rq_job()
     if job is None or job.instance is not None or not _importable(job.func_name):
         return None
     return {

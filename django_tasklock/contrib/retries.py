@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from django_tasklock.api.retrying import Retrier, RetryBackoff, RetryPlan, register
+from django_tasklock.contrib import running
 
 
 def celery(backoff: RetryBackoff) -> RetryPlan | None:
@@ -21,9 +22,8 @@ def celery(backoff: RetryBackoff) -> RetryPlan | None:
     A task run by a worker only (``called_directly``: the function called as a
     function is no task run). ``request.retries`` counts the retries so far.
     """
-    module = sys.modules.get("celery")
-    task: Any = getattr(module, "current_task", None)
-    if not task or task.request.called_directly:
+    task = running.celery_task()
+    if task is None:
         return None
     attempt = int(task.request.retries or 0) + 1
     if attempt >= backoff.tries:
@@ -46,16 +46,14 @@ def rq(backoff: RetryBackoff) -> RetryPlan | None:
     counts the retries asked for by returning ``Retry`` (None before the
     first); an RQ without it has no such retry (None here).
     """
-    module = sys.modules.get("rq")
-    get_current_job: Any = getattr(module, "get_current_job", None)
-    job: Any = get_current_job() if get_current_job is not None else None
+    job = running.rq_job()
     if job is None or not hasattr(job, "number_of_retries"):
         return None
     attempt = int(job.number_of_retries or 0) + 1
     if attempt >= backoff.tries:
         return RetryPlan("RQ", attempt, None, lambda: None)
     interval = max(1, math.ceil(backoff.countdown(attempt)))  # RQ schedules whole seconds
-    retry = module.Retry  # type: ignore[union-attr]
+    retry = sys.modules["rq"].Retry
 
     def act() -> Any:
         return retry(max=backoff.tries - 1, interval=interval)
@@ -73,18 +71,10 @@ def dramatiq(backoff: RetryBackoff) -> RetryPlan | None:
     would fail the message instead (the message's or actor's ``max_retries``
     used up), or where the broker has no ``Retries``, ends as skipped.
     """
-    module: Any = sys.modules.get("dramatiq")
-    if module is None:
-        return None
-    message: Any = None
-    current: Any = sys.modules.get("dramatiq.middleware.current_message")
-    if current is not None:
-        message = current.CurrentMessage.get_current_message()
-    ours: Any = sys.modules.get("django_tasklock.contrib.dramatiq")
-    if message is None and ours is not None:
-        message = ours.current_message()
+    message = running.dramatiq_message()
     if message is None:
         return None
+    module: Any = sys.modules["dramatiq"]
     retries = int(message.options.get("retries", 0))
     attempt = retries + 1
     most = _dramatiq_max_retries(message)
@@ -130,11 +120,11 @@ def huey(backoff: RetryBackoff) -> RetryPlan | None:
     ``install(HUEY)``) registered its hooks; its tries are counted in the
     Huey's storage, ``RetryTask`` leaving ``task.retries`` untouched.
     """
-    module: Any = sys.modules.get("django_tasklock.contrib.huey")
-    running = module.current_task() if module is not None else None
-    if running is None:
+    found = running.huey_task()
+    if found is None:
         return None
-    instance, task = running
+    instance, task = found
+    module: Any = sys.modules["django_tasklock.contrib.huey"]
     key = module.tries_key(task)
     attempt = int(instance.storage.incr(key))
     if attempt >= backoff.tries:
