@@ -19,6 +19,7 @@ from django.db import connections
 
 from tests.jobs import await_lines, wait_for
 from tests.support import framework_runs, processes, rerun_runs
+from tests.support.dramatiq_stub import stub_broker as global_stub_broker
 
 RUN = uuid.uuid4().hex[:8]
 Send = Callable[..., None]
@@ -286,20 +287,10 @@ def current_message_broker() -> Any:
     """A stub broker with Dramatiq's own ``CurrentMessage`` (no TaskLock), the global one,
     and a worker of one thread in this process."""
     processes.require_module("dramatiq")
-    import dramatiq
-    import dramatiq.broker
-    from dramatiq.brokers.stub import StubBroker
     from dramatiq.middleware import CurrentMessage, Retries
 
-    before = dramatiq.broker.global_broker
-    broker = StubBroker(middleware=[CurrentMessage(), Retries()])
-    dramatiq.set_broker(broker)
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
-    worker.start()
-    yield broker
-    worker.stop()
-    broker.close()
-    dramatiq.broker.global_broker = before
+    with global_stub_broker([CurrentMessage(), Retries()]) as broker:
+        yield broker
 
 
 def test_with_current_message_a_held_key_retries_the_message_until_free(

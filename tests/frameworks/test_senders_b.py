@@ -17,6 +17,7 @@ import pytest
 from django_tasklock.api import rerun
 from django_tasklock.contrib import reruns
 from tests.support import processes
+from tests.support.dramatiq_stub import stub_broker
 
 
 def test_the_dramatiq_and_huey_senders_are_installed_by_the_apps_ready() -> None:
@@ -47,24 +48,13 @@ def dramatiq_broker(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A stub broker with our TaskLock or Dramatiq's CurrentMessage (the running message
     known by either), the global one, and a worker of one thread in this process."""
     processes.require_module("dramatiq")
-    import dramatiq
-    import dramatiq.broker
-    from dramatiq.brokers.stub import StubBroker
     from dramatiq.middleware import CurrentMessage
 
     from django_tasklock.contrib.dramatiq import TaskLock
 
-    before = dramatiq.broker.global_broker
-    broker = StubBroker(
-        middleware=[TaskLock() if request.param == "TaskLock" else CurrentMessage()]
-    )
-    dramatiq.set_broker(broker)
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
-    worker.start()
-    yield broker
-    worker.stop()
-    broker.close()
-    dramatiq.broker.global_broker = before
+    middleware = TaskLock() if request.param == "TaskLock" else CurrentMessage()
+    with stub_broker([middleware]) as broker:
+        yield broker
 
 
 def test_a_dramatiq_message_described_is_sent_again_as_the_same_call(
