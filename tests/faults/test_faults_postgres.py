@@ -21,6 +21,8 @@ from django.db import connections
 from django_tasklock.api.service import TaskLockService
 from django_tasklock.backends.database import DatabaseBackend
 from django_tasklock.testing import BackendRecipe
+from django_tasklock.testing.faults import FaultyBackend
+from django_tasklock.testing.support import wait_until
 from tests.conftest import require_service
 from tests.support import services
 from tests.support.fault_workers import hold_through, migrate
@@ -134,23 +136,25 @@ def test_database_down_at_acquisition_is_an_error_not_held(
 @pytest.mark.databases
 def test_terminated_connection_is_replaced_and_the_lock_kept(key: str) -> None:
     require_service("postgres")
-    backend = DatabaseBackend(using="postgres")
+    backend = FaultyBackend(DatabaseBackend(using="postgres"))  # counts the refreshes answered
 
     def work() -> int:
-        time.sleep(0.5)  # the heartbeat has connected
+        wait_until(lambda: backend.refresh_answers >= 1, timeout=30)  # the heartbeat connected
         with connections["postgres"].cursor() as cursor:
             cursor.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
             killed = len(cursor.fetchall())
-        time.sleep(2)  # a refresh fails, the next one reconnects
+        answered = backend.refresh_answers
+        # A refresh (or the reap) meets the dead connection; a later one reconnects.
+        wait_until(lambda: backend.refresh_answers > answered, timeout=30)
         held = backend.peek(key)
         assert held is not None
         assert held.holder.pid == os.getpid()
         return killed
 
-    result = TaskLockService(backend).run_exclusive(key, work, ttl=1.5, refresh_interval=0.3)
+    result = TaskLockService(backend).run_exclusive(key, work, ttl=5.0, refresh_interval=0.3)
     assert result.result is not None
     assert result.result >= 1, "no connection of the heartbeat was terminated"
     assert not result.lost
