@@ -150,9 +150,16 @@ def _importable(path: object) -> bool:
     return isinstance(path, str) and "." in path and "<" not in path
 
 
+#: The RQ job's options sent again with it, in seconds (or None): what ``enqueue_call``
+#: takes by these names. Not its meta, callbacks, dependencies or ``Retry``, which JSON
+#: cannot always hold or which belonged to the first job.
+_RQ_OPTIONS = ("timeout", "result_ttl", "failure_ttl", "ttl")
+
+
 def rq_describe() -> dict[str, Any] | None:
-    """RQ: the current job's function (dotted path), arguments and queue (``origin``); None
-    for a job of an instance's method (``job.instance``), which a name cannot reach."""
+    """RQ: the current job's function (dotted path), arguments, queue (``origin``) and
+    timeouts (``_RQ_OPTIONS``); None for a job of an instance's method (``job.instance``),
+    which a name cannot reach."""
     job = running.rq_job()
     if job is None or job.instance is not None or not _importable(job.func_name):
         return None
@@ -161,13 +168,15 @@ def rq_describe() -> dict[str, Any] | None:
         "args": list(job.args or ()),
         "kwargs": dict(job.kwargs or {}),
         "queue": job.origin,
+        **{name: getattr(job, name, None) for name in _RQ_OPTIONS},
     }
 
 
 def rq_send(call: dict[str, Any]) -> None:
-    """RQ: ``enqueue_call`` on the original job's queue (by name), over the Redis connection
-    (and with the serializer) of the job the holder runs in; outside a job, django-rq's
-    connection for that queue (``RQ_QUEUES``); else it raises (the send is logged)."""
+    """RQ: ``enqueue_call`` on the original job's queue (by name), with its timeouts, over
+    the Redis connection (and with the serializer) of the job the holder runs in; outside
+    a job, django-rq's connection for that queue (``RQ_QUEUES``); else it raises (the send
+    is logged)."""
     module: Any = sys.modules["rq"]
     job: Any = module.get_current_job()
     if job is not None:
@@ -179,7 +188,8 @@ def rq_send(call: dict[str, Any]) -> None:
             "no RQ job runs in the holder, and django-rq is not imported: no Redis "
             f"connection to send {call['task']} to queue {call['queue']!r}"
         )
-    queue.enqueue_call(func=call["task"], args=call["args"], kwargs=call["kwargs"])
+    options = {name: call[name] for name in _RQ_OPTIONS if call.get(name) is not None}
+    queue.enqueue_call(func=call["task"], args=call["args"], kwargs=call["kwargs"], **options)
 
 
 # django-q2 and Django's Tasks framework name no task running now: their worker's signals,

@@ -18,6 +18,7 @@ from django.db import connections
 
 from django_tasklock import TaskLockService
 from django_tasklock.api.retrying import DEFAULT_BACKOFF
+from django_tasklock.testing.support import wait_until
 from tests.jobs import PATIENCE, wait_for
 from tests.support import framework_runs, processes, rerun_runs
 
@@ -145,10 +146,22 @@ def test_two_workers_twenty_triggers_during_a_run_make_exactly_one_more_run(
     """The holder takes one ``rqworker``; the other skips the 20 (each in a work horse)."""
     key = f"{RUN}-rerun-{tmp_path.name}"
     rerun_runs.twenty_triggers(
-        lambda n: queue.enqueue("tests.jobs.rq_jobs.rebuild", key, str(tmp_path), n),
+        lambda n: queue.enqueue(
+            "tests.jobs.rq_jobs.rebuild", key, str(tmp_path), n, job_timeout=777, failure_ttl=999
+        ),
         tmp_path,
         sent_again=True,
     )
+
+    # The job sent again is enqueued with the timeouts of the one skipped.
+    def finished() -> list[Any]:
+        jobs = [queue.fetch_job(x) for x in queue.finished_job_registry.get_job_ids()]
+        return [job for job in jobs if job is not None and list(job.args[:1]) == [key]]
+
+    # The holder's, the 20 skipped, and the one sent again, once RQ has filed it.
+    wait_until(lambda: len(finished()) == 22, timeout=PATIENCE)
+    ours = finished()
+    assert {(job.timeout, job.failure_ttl) for job in ours} == {(777, 999)}
 
 
 def await_retried(job: Any) -> int:

@@ -68,6 +68,10 @@ class FakeJob:
         self.args = ("day", 3)
         self.kwargs = {"force": True}
         self.origin = "nightly"
+        self.timeout = 3600
+        self.result_ttl = None
+        self.failure_ttl = 86400
+        self.ttl = None
 
 
 def test_rq_describes_the_current_jobs_function_arguments_and_queue(
@@ -83,6 +87,10 @@ def test_rq_describes_the_current_jobs_function_arguments_and_queue(
         "args": ["day", 3],
         "kwargs": {"force": True},
         "queue": "nightly",
+        "timeout": 3600,
+        "result_ttl": None,
+        "failure_ttl": 86400,
+        "ttl": None,
     }
     job.instance = object()  # a method of an instance: no name reaches it
     assert reruns.rq_describe() is None
