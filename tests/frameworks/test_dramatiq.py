@@ -69,6 +69,7 @@ def send(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
         broker.close()
 
 
+@pytest.mark.databases  # the locks: the test's SQLite file
 def test_a_message_whose_key_is_held_is_skipped_by_dramatiq(send: Send, tmp_path: Path) -> None:
     key = f"{RUN}-same"
     send("hold_key", key, "first", str(tmp_path))
@@ -81,6 +82,7 @@ def test_a_message_whose_key_is_held_is_skipped_by_dramatiq(send: Send, tmp_path
     (tmp_path / "first.release").touch()
 
 
+@pytest.mark.databases  # the locks: the test's SQLite file
 def test_when_held_retry_runs_the_message_again_once_the_key_is_free(
     send: Send, tmp_path: Path
 ) -> None:
@@ -97,6 +99,7 @@ def test_when_held_retry_runs_the_message_again_once_the_key_is_free(
     assert not list(tmp_path.glob("*.skipped"))
 
 
+@pytest.mark.databases  # the locks: the test's SQLite file
 def test_on_locked_retry_has_dramatiq_retry_the_message_until_the_key_is_free(
     send: Send, tmp_path: Path
 ) -> None:
@@ -119,6 +122,7 @@ def test_on_locked_retry_has_dramatiq_retry_the_message_until_the_key_is_free(
     assert not list(tmp_path.glob("*.skipped"))
 
 
+@pytest.mark.databases  # the locks: the test's SQLite file
 def test_messages_of_different_keys_run_at_the_same_time(send: Send, tmp_path: Path) -> None:
     send("hold_key", f"{RUN}-one", "one", str(tmp_path))
     send("hold_key", f"{RUN}-two", "two", str(tmp_path))
@@ -129,6 +133,7 @@ def test_messages_of_different_keys_run_at_the_same_time(send: Send, tmp_path: P
     (tmp_path / "two.release").touch()
 
 
+@pytest.mark.databases  # the locks: the test's SQLite file
 def test_fifty_overlapping_messages_of_one_key_on_two_workers_never_overlap(
     send: Send, tmp_path: Path
 ) -> None:
