@@ -74,9 +74,9 @@ class CountingRedis:
         self.nodes: list[Any] = []
         reap = backend.reap_dead_holders
 
-        def reap_dead_holders() -> Any:
+        def reap_dead_holders(alive: Any = ()) -> Any:
             calls, started = _evalsha_calls(self.nodes), time.perf_counter()
-            ended = reap()
+            ended = reap(alive)
             took = time.perf_counter() - started
             self.reaps.append((_evalsha_calls(self.nodes) - calls, took))
             return ended

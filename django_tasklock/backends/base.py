@@ -20,7 +20,7 @@ import abc
 import dataclasses
 import enum
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, NamedTuple
@@ -388,7 +388,7 @@ class BaseBackend(abc.ABC):
         :data:`RERUN_LIFETIME` are not shown."""
         raise NotImplementedError(f"{type(self).__name__} cannot mark a key to run again")
 
-    def reap_dead_holders(self) -> Sequence[HeldLock]:
+    def reap_dead_holders(self, alive: Collection[str] = ()) -> Sequence[HeldLock]:
         """End the live leases of this machine whose holders are provably gone; return them.
 
         The heartbeat of every process that holds a lease calls it every
@@ -400,6 +400,11 @@ class BaseBackend(abc.ABC):
         successor's lease is never ended), and never a lease a ``min_hold``
         release cut. This default, for backends without the capability
         ``dead_holders``, ends nothing: their leases end by their ttl.
+
+        ``alive``: the names (``Lease.stored_as``) of the leases the calling
+        process holds here and keeps refreshing. Their holder is alive, so a
+        backend need not look at them (the Redis backend sends no script for
+        them); it may also ignore them.
         """
         return []
 

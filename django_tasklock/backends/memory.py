@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta, timezone
 
 from django_tasklock.backends.base import (
@@ -256,8 +256,10 @@ class MemoryBackend(BaseBackend):
                 if not self._is_free(lease, now)
             ]
 
-    def reap_dead_holders(self) -> Sequence[HeldLock]:
-        """End every live lease whose holder is provably gone (not one cut for ``min_hold``)."""
+    def reap_dead_holders(self, alive: Collection[str] = ()) -> Sequence[HeldLock]:
+        """End every live lease whose holder is provably gone (not one cut for ``min_hold``).
+
+        ``alive`` is not needed: every lease is looked at in memory, at no cost."""
         with self._lock:
             now = self._clock()
             dead = [

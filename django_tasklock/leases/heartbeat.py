@@ -327,11 +327,13 @@ class Heartbeat(BatchRefresher):
         with self._cond:
             self._reap_now = False
             waiting = [lease for _, _, lease in self._heap if not lease.closed]
-            backends = {id(lease.backend): lease.backend for lease in waiting}
-            self._touched.update(backends)  # the thread may open connections now
+            held: dict[BaseBackend, set[str]] = {}
+            for lease in waiting:  # each backend, with the names of our leases there
+                held.setdefault(lease.backend, set()).add(lease.stored_as)
+            self._touched.update((id(backend), backend) for backend in held)  # may connect now
         tick = tick_started(waiting) if waiting else None
         try:
-            self._reaper.reap(backends.values())
+            self._reaper.reap(held)
         finally:
             if tick is not None:
                 tick_ended(tick)

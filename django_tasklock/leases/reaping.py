@@ -30,7 +30,7 @@ from django_tasklock.notifier import log
 from django_tasklock.processes import this_machine
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Collection, Mapping
 
     from django_tasklock.backends.base import BaseBackend
 
@@ -48,17 +48,18 @@ class Reaper:
         self.due_at = clock() + REAP_INTERVAL
         self._failing: set[int] = set()  # backends whose last reap failed
 
-    def reap(self, backends: Iterable[BaseBackend]) -> None:
-        """End the dead holders' leases on ``backends`` (those the process holds leases on)."""
+    def reap(self, ours: Mapping[BaseBackend, Collection[str]]) -> None:
+        """End the dead holders' leases on the backends the process holds leases on, each
+        given with the names of those leases (passed on as ``alive``: their holder is us)."""
         if this_machine() is None:  # no /proc: no death is ever proven here
             self.due_at = math.inf
             return
         started = clock()
-        for backend in backends:
+        for backend, names in ours.items():
             if not backend.capabilities.dead_holders:
                 continue
             try:
-                ended = backend.reap_dead_holders()
+                ended = backend.reap_dead_holders(names)
             except Exception:
                 # Best effort: unreaped, a dead holder's lease still ends by its ttl,
                 # and a storage that is down is reported by the refreshes. Said once

@@ -481,3 +481,40 @@ def test_location_of_a_cluster_names_its_masters(redis_cluster: Any) -> None:
         assert backend.location().startswith("Redis Cluster (127.0.0.1:")
     finally:
         backend.close()
+
+
+def test_a_reap_sends_no_script_for_the_callers_own_leases(
+    backend: RedisBackend, key: str
+) -> None:
+    """The heartbeat names its process's leases (``alive``): their holder is alive, so
+    the reap looks only at the others (a dead holder's here, reaped)."""
+    from django_tasklock.testing.cases_dead import dead_token, proofs_here
+
+    proofs_here()
+    ours = [f"{key}-ours-{n}" for n in range(3)]
+    for name in ours:
+        assert backend.acquire(name, new_token(), ttl=LONG, max_lifetime=LIFE)
+    dead = f"{key}-dead"
+    assert backend.acquire(dead, dead_token(), ttl=LONG, max_lifetime=LIFE)
+    scripts = backend._calls()
+    looked_at: list[str] = []
+    run_many = scripts.run_many
+
+    def counting(calls: Any, *args: Any, **kwargs: Any) -> Any:
+        looked_at.extend(
+            k.decode() if isinstance(k, bytes) else k for _, keys, _ in calls for k in keys
+        )
+        return run_many(calls, *args, **kwargs)
+
+    scripts.run_many = counting  # type: ignore[method-assign]
+    try:
+        assert [held.key for held in backend.reap_dead_holders(set(ours))] == [dead]
+        mine = {storage_key(name) for name in [*ours, dead]}
+        assert mine & set(looked_at) == {storage_key(dead)}
+        looked_at.clear()
+        backend.reap_dead_holders()  # without them: each of ours is looked at
+        assert mine & set(looked_at) == {storage_key(name) for name in ours}
+    finally:
+        del scripts.run_many
+    for name in ours:
+        assert backend.peek(name) is not None

@@ -7,6 +7,9 @@ contract's ``cases_dead``.
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Collection
+from typing import Any
 
 import pytest
 
@@ -25,8 +28,8 @@ def test_a_reap_that_fails_is_said_once_until_one_works_again(
     broken = DatabaseBackend(using="no-such-database")  # ImproperlyConfigured, for real
     reaper = Reaper()
     with caplog.at_level(logging.DEBUG, logger="django_tasklock"):
-        reaper.reap([broken])
-        reaper.reap([broken])
+        reaper.reap({broken: ()})
+        reaper.reap({broken: ()})
     said = [r.levelno for r in caplog.records if "Reaping" in r.getMessage()]
     assert said == [logging.INFO, logging.DEBUG]
     assert reaper.due_at >= clock() + REAP_INTERVAL - 1
@@ -38,7 +41,7 @@ def test_the_next_reap_is_an_interval_away(caplog: pytest.LogCaptureFixture) -> 
         pytest.skip("no /proc here: nothing is reaped")
     reaper = Reaper()
     before = clock()
-    reaper.reap([DatabaseBackend(using="default")])
+    reaper.reap({DatabaseBackend(using="default"): ()})
     assert reaper.due_at >= before + REAP_INTERVAL
     assert not [r for r in caplog.records if r.levelno >= logging.INFO]
 
@@ -57,8 +60,35 @@ def test_a_reaped_permit_is_named_by_its_key_and_number(caplog: pytest.LogCaptur
     for token in (new_token(), dead_token()):
         assert backend.acquire_permit("exports", token, limit=2, ttl=hour, max_lifetime=hour)
     with caplog.at_level(logging.INFO, logger="django_tasklock"):
-        Reaper().reap([backend])
+        Reaper().reap({backend: ()})
         wait_until(lambda: any("Freed" in r.getMessage() for r in caplog.records), timeout=15)
     [said] = [r.getMessage() for r in caplog.records if "Freed" in r.getMessage()]
     assert said.startswith("Freed task lock 'exports' (permit 1): its holder, host ")
     assert "\x1f" not in said
+
+
+def test_the_heartbeat_names_its_own_leases_to_the_reap() -> None:
+    """Passed on as ``alive``: a backend need not look at them (Redis sends them no script)."""
+    from django_tasklock.api.service import TaskLockService
+    from django_tasklock.backends.memory import MemoryBackend
+    from django_tasklock.leases.heartbeat import heartbeat
+    from django_tasklock.testing.support import wait_until
+
+    if this_machine() is None:
+        pytest.skip("no /proc here: nothing is reaped")
+
+    class Recording(MemoryBackend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.alive: list[set[str]] = []
+
+        def reap_dead_holders(self, alive: Collection[str] = ()) -> list[Any]:
+            self.alive.append(set(alive))
+            return list(super().reap_dead_holders(alive))
+
+    backend = Recording()
+    service = TaskLockService(backend)
+    with service.lock("reaped-around", ttl=5, refresh_interval=0.2):
+        heartbeat()._reaper.due_at = -math.inf  # due now: at its next wake-up
+        wait_until(lambda: bool(backend.alive), timeout=30)
+    assert backend.alive[0] == {"reaped-around"}

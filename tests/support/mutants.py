@@ -7,6 +7,7 @@ apart from the tests that use them so that a child process (the contract's
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import timedelta
 
 from django.db.models.functions import Now
@@ -140,7 +141,7 @@ class TakesOverAMinHold(MemoryBackend):
 class ReapsTheLiving(MemoryBackend):
     """Reaps every lease of this machine."""
 
-    def reap_dead_holders(self) -> list:  # type: ignore[type-arg]
+    def reap_dead_holders(self, alive: Collection[str] = ()) -> list:  # type: ignore[type-arg]
         with self._lock:
             now = self._clock()
             ours = [

@@ -22,7 +22,7 @@ could delete a lease taken over in between.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -369,7 +369,7 @@ class DatabaseBackend(BaseBackend):
 
     @names_missing_table
     @retry_when_busy
-    def reap_dead_holders(self) -> Sequence[HeldLock]:
+    def reap_dead_holders(self, alive: Collection[str] = ()) -> Sequence[HeldLock]:
         """One SELECT of this machine's live rows; a DELETE by token for each holder gone.
 
         The SELECT narrows the namespace to rows whose token names this
@@ -377,6 +377,7 @@ class DatabaseBackend(BaseBackend):
         carries ``~released`` after the token and names no machine anyone can
         prove anything of. Each DELETE names the row's token: a successor's
         row, or a row deleted meanwhile, is left alone, also when sent twice.
+        ``alive`` is not needed: the one SELECT reads the rows whatever they are.
         """
         machine = this_machine()
         if machine is None:

@@ -17,7 +17,7 @@ expires: we never steal what we cannot date.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -499,10 +499,15 @@ class RedisBackend(BaseBackend):
             scripts.client.nodes_manager.initialize()
         return sorted(set(scripts.client.scan_iter(match=prefix + "*", count=_BATCH)))
 
-    def _run_all(self, name: str, *args: Any) -> list[tuple[str, Any]]:
-        """Run a script on every key in the namespace: (caller's key, reply) by key."""
+    def _run_all(
+        self, name: str, *args: Any, skip: frozenset[str] = frozenset()
+    ) -> list[tuple[str, Any]]:
+        """Run a script on every key in the namespace (but those whose caller's key is in
+        ``skip``): (caller's key, reply) by key."""
         scripts = self._calls()
         found = self._scan(KEY_PREFIX)
+        if skip:
+            found = [stored for stored in found if caller_key(text(stored)) not in skip]
         results = []
         for start in range(0, len(found), _BATCH):
             batch = found[start : start + _BATCH]
@@ -538,19 +543,23 @@ class RedisBackend(BaseBackend):
             held += permits_held(key, reply)
         return sorted(held, key=lambda lock: lock.key)
 
-    def reap_dead_holders(self) -> Sequence[HeldLock]:
+    def reap_dead_holders(self, alive: Collection[str] = ()) -> Sequence[HeldLock]:
         """A ``SCAN`` of the namespace, a script per key found; ``reap`` each holder gone.
 
         The scripts (pipelined, 500 at a time, as :meth:`list`) answer the
         tokens of this machine's live leases (not one cut for ``min_hold``);
         a lease whose holder is provably gone is deleted by a script bound to
-        its token (``reap``), never a successor's.
+        its token (``reap``), never a successor's. No script is sent for a
+        key named in ``alive`` (the caller's own leases: a holder that
+        refreshes them is alive); a limited key's permits are named apart
+        (``permit_key``), so its key is looked at for the other permits.
         """
         machine = this_machine()
         if machine is None:
             return []
         found: list[tuple[str, str]] = []  # (a lease's name, its token)
-        for key, reply in self._run_all("of_machine", f"/{machine}.", _STALE_MS):
+        mine = f"/{machine}."
+        for key, reply in self._run_all("of_machine", mine, _STALE_MS, skip=frozenset(alive)):
             if isinstance(reply, list):  # a limited key's permits: number, token...
                 parts = [text(part) for part in reply]
                 pairs = zip(parts[::2], parts[1::2], strict=True)
