@@ -15,7 +15,8 @@ scripts and time, on the same thread); on one Redis, beside it, the raw floor: a
 redis-py sending the heartbeat's last tick as it was sent (the same packed
 ``EVALSHA`` calls) every second on one connection, and reading the replies.
 The heartbeat's thread also reaps dead holders (every 5 s at least: a ``SCAN``
-and a script per key found), which the floor does not. On the cluster,
+and a script per 500 keys found, or per slot on the cluster, the process's own
+leases left out), which the floor does not. On the cluster,
 refreshes go one script per hash slot and 500 leases: at 10,000 leases spread
 over the 16,384 slots, some 7,300 small scripts a tick, one pipeline per
 master. One Redis takes any 500 leases in one script: 20 a tick. It is

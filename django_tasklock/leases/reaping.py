@@ -12,7 +12,8 @@ running.
 
 The cost, per process holding a lease and per backend: one database SELECT
 of this machine's live rows; on Redis, one ``SCAN`` of the database and a
-short script per lock key found (as ``tasklock list``). A reap that takes
+script per 500 lock keys found (per slot and 500 on a cluster), the keys of
+the process's own leases left out. A reap that takes
 long spaces the next out: never more than one part in :data:`_DUTY` of the
 thread's time.
 """

@@ -179,3 +179,34 @@ def test_a_plain_client_refused_crossslot_sends_per_slot_from_then_on(
         for name in names:
             node.delete(storage_key(name))
         node.connection_pool.disconnect()
+
+
+def test_a_reap_on_a_plain_client_refused_crossslot_looks_per_slot(
+    redis_cluster: PrivateCluster, key: str
+) -> None:
+    """The reap's scripts take 500 keys each; one master seen as a plain Redis refuses
+    keys of two slots (``CROSSSLOT``): from then on they go per slot, and every key of
+    this machine found is answered (here, leases of a live holder: none reaped)."""
+    port = redis_cluster.masters()[0]
+    owned = redis_cluster.slots_of(port)
+    names: list[str] = []
+    i = 0
+    while len({slot(storage_key(n)) for n in names}) < 5 or len(names) < 40:
+        name = f"{key}:reap:{i}"
+        if slot(storage_key(name)) in owned:
+            names.append(name)
+        i += 1
+    node = redis.Redis(connection_pool=redis.ConnectionPool(port=port, socket_timeout=10))
+    backend = RedisBackend(client=node)
+    try:
+        for name in names:
+            assert backend.acquire(name, new_token(), ttl=LONG, max_lifetime=LIFE)
+        assert not backend._calls().per_slot
+        assert backend.reap_dead_holders() == []
+        assert backend._calls().per_slot
+        assert backend.reap_dead_holders() == []
+        assert all(backend.peek(name) is not None for name in names)
+    finally:
+        for name in names:
+            node.delete(storage_key(name))
+        node.connection_pool.disconnect()

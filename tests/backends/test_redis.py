@@ -518,3 +518,34 @@ def test_a_reap_sends_no_script_for_the_callers_own_leases(
         del scripts.run_many
     for name in ours:
         assert backend.peek(name) is not None
+
+
+def test_a_reap_looks_at_500_keys_per_script(raw: redis.Redis, key: str) -> None:
+    """One ``of_machine`` script per 500 keys of the namespace on one Redis (one per key
+    before): 1,200 leases held here cost 3 scripts, not 1,200."""
+    from django_tasklock.testing.cases_dead import proofs_here
+
+    machine = proofs_here()
+    backend = RedisBackend(url=_url())
+    names = [f"{key}-{n}" for n in range(1200)]
+    pipe = raw.pipeline(transaction=False)
+    for name in names:  # leases of a live process of this machine: ours
+        pipe.set(storage_key(name), new_token(), px=60_000)
+    pipe.execute()
+    scripts = backend._calls()
+    sent: list[int] = []
+    run_many = scripts.run_many
+
+    def counting(calls: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.extend(len(keys) for name, keys, _ in calls if name == "of_machine")
+        return run_many(calls, *args, **kwargs)
+
+    scripts.run_many = counting  # type: ignore[method-assign]
+    try:
+        assert backend.reap_dead_holders() == []
+    finally:
+        del scripts.run_many
+    assert f"/{machine}." in new_token()
+    assert sum(sent) >= len(names)  # every key (and any other test's)
+    assert len(sent) == -(-sum(sent) // 500)
+    assert max(sent) <= 500

@@ -71,7 +71,7 @@ from django_tasklock.backends.redis.scripts import (
     tombstone_key,
 )
 from django_tasklock.backends.redis.signals import RedisListener
-from django_tasklock.backends.redis.slots import tag_for
+from django_tasklock.backends.redis.slots import chunked, tag_for
 from django_tasklock.backends.redis.urls import RedisURLError, parse_url
 from django_tasklock.durations import Duration
 from django_tasklock.exceptions import LimitMismatch
@@ -499,15 +499,39 @@ class RedisBackend(BaseBackend):
             scripts.client.nodes_manager.initialize()
         return sorted(set(scripts.client.scan_iter(match=prefix + "*", count=_BATCH)))
 
-    def _run_all(
-        self, name: str, *args: Any, skip: frozenset[str] = frozenset()
-    ) -> list[tuple[str, Any]]:
-        """Run a script on every key in the namespace (but those whose caller's key is in
-        ``skip``): (caller's key, reply) by key."""
+    def _of_machine(self, mine: str, skip: frozenset[str]) -> list[tuple[str, Any]]:
+        """The ``of_machine`` script's answer for every key in the namespace but those whose
+        caller's key is in ``skip``: (caller's key, reply) by key; 500 keys per script
+        (per slot where the storage takes one slot per script)."""
+        scripts = self._calls()
+        found = [k for k in self._scan(KEY_PREFIX) if caller_key(text(k)) not in skip]
+        per_slot = scripts.per_slot
+        chunks = chunked([text(k) for k in found], _BATCH, per_slot=per_slot)
+        calls: list[Call] = [
+            ("of_machine", [found[i] for i in chunk], [mine, _STALE_MS]) for chunk in chunks
+        ]
+        if not calls:
+            return []
+        try:
+            replies = scripts.run_many(calls)
+        except Exception as exc:
+            from redis.exceptions import ClusterCrossSlotError
+
+            # Refused before it ran (a proxy in front of a cluster): per slot from now on.
+            if per_slot or not isinstance(exc, ClusterCrossSlotError):
+                raise
+            scripts.per_slot = True
+            return self._of_machine(mine, skip)
+        return [
+            (caller_key(text(found[i])), answer)
+            for chunk, reply in zip(chunks, replies, strict=True)
+            for i, answer in zip(chunk, reply, strict=True)
+        ]
+
+    def _run_all(self, name: str, *args: Any) -> list[tuple[str, Any]]:
+        """Run a script on every key in the namespace: (caller's key, reply) by key."""
         scripts = self._calls()
         found = self._scan(KEY_PREFIX)
-        if skip:
-            found = [stored for stored in found if caller_key(text(stored)) not in skip]
         results = []
         for start in range(0, len(found), _BATCH):
             batch = found[start : start + _BATCH]
@@ -544,22 +568,22 @@ class RedisBackend(BaseBackend):
         return sorted(held, key=lambda lock: lock.key)
 
     def reap_dead_holders(self, alive: Collection[str] = ()) -> Sequence[HeldLock]:
-        """A ``SCAN`` of the namespace, a script per key found; ``reap`` each holder gone.
+        """A ``SCAN`` of the namespace, a script per 500 keys found; ``reap`` each holder gone.
 
-        The scripts (pipelined, 500 at a time, as :meth:`list`) answer the
-        tokens of this machine's live leases (not one cut for ``min_hold``);
-        a lease whose holder is provably gone is deleted by a script bound to
-        its token (``reap``), never a successor's. No script is sent for a
-        key named in ``alive`` (the caller's own leases: a holder that
-        refreshes them is alive); a limited key's permits are named apart
-        (``permit_key``), so its key is looked at for the other permits.
+        One script per 500 keys (on a cluster, per hash slot and 500 keys;
+        all pipelined) answers the tokens of this machine's live leases (not
+        one cut for ``min_hold``); a lease whose holder is provably gone is
+        deleted by a script bound to its token (``reap``), never a
+        successor's. A key named in ``alive`` (the caller's own leases: a
+        holder that refreshes them is alive) is not looked at; a limited
+        key's permits are named apart (``permit_key``), so its key is looked
+        at for the other permits.
         """
         machine = this_machine()
         if machine is None:
             return []
         found: list[tuple[str, str]] = []  # (a lease's name, its token)
-        mine = f"/{machine}."
-        for key, reply in self._run_all("of_machine", mine, _STALE_MS, skip=frozenset(alive)):
+        for key, reply in self._of_machine(f"/{machine}.", frozenset(alive)):
             if isinstance(reply, list):  # a limited key's permits: number, token...
                 parts = [text(part) for part in reply]
                 pairs = zip(parts[::2], parts[1::2], strict=True)

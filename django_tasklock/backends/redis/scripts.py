@@ -465,25 +465,36 @@ local token, at = parse(value)
 if not token then token = type(value) == 'string' and value or '' end
 return {token, at or now, redis.call('PTTL', KEYS[1]), now}
 """,
-    # ARGV: machine ("/<machine>."), stale_ms. The token of a live lease that
-    # names that machine and was not cut for min_hold, else nil: for the reaper.
-    # At a limited key, such permits' {number, token, number, token...}.
+    # KEYS: many stored keys; ARGV: machine ("/<machine>."), stale_ms. For each
+    # key, the token of a live lease that names that machine and was not cut for
+    # min_hold, else false (nil in the reply): for the reaper. At a limited key,
+    # such permits' {number, token, number, token...}.
     "of_machine": """
-local value = redis.pcall('GET', KEYS[1])
-if is_permits(value, KEYS[1]) then
-  local mine = {}
-  for field, permit in pairs(permits_of(KEYS[1], now_ms())) do
-    if not permit[4] and string.find(permit[1], ARGV[1], 1, true) then
-      mine[#mine + 1] = field
-      mine[#mine + 1] = permit[1]
+local now = now_ms()
+local stale = tonumber(ARGV[2])
+local out = {}
+for i, key in ipairs(KEYS) do
+  local value = redis.pcall('GET', key)
+  if is_permits(value, key) then
+    local mine = {}
+    for field, permit in pairs(permits_of(key, now)) do
+      if not permit[4] and string.find(permit[1], ARGV[1], 1, true) then
+        mine[#mine + 1] = field
+        mine[#mine + 1] = permit[1]
+      end
+    end
+    out[i] = mine
+  else
+    local token, _, released = parse(value)
+    if not token or released or not string.find(token, ARGV[1], 1, true)
+        or is_free(key, now, stale) then
+      out[i] = false
+    else
+      out[i] = token
     end
   end
-  return mine
 end
-local token, _, released = parse(value)
-if not token or released or not string.find(token, ARGV[1], 1, true) then return nil end
-if is_free(KEYS[1], now_ms(), tonumber(ARGV[2])) then return nil end
-return token
+return out
 """,
     # ARGV: a token whose holder the caller found gone, and for a permit its
     # number. 1 if its lease was deleted: never a successor's, nor one cut for min_hold.
