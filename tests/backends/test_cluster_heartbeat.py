@@ -137,6 +137,19 @@ def test_the_heartbeat_holding_ten_thousand_leases_sends_one_script_per_slot_per
         raw.delete(*(storage_key(n) for n in names[start : start + 500]))
 
 
+def _names_on(redis_cluster: PrivateCluster, port: int, prefix: str) -> list[str]:
+    """40 names or more, ``prefix:<n>``, in at least 5 slots, all of the master at ``port``."""
+    owned = redis_cluster.slots_of(port)
+    names: list[str] = []
+    i = 0
+    while len({slot(storage_key(n)) for n in names}) < 5 or len(names) < 40:
+        name = f"{prefix}:{i}"
+        if slot(storage_key(name)) in owned:
+            names.append(name)
+        i += 1
+    return names
+
+
 def test_a_plain_client_refused_crossslot_sends_per_slot_from_then_on(
     redis_cluster: PrivateCluster, key: str
 ) -> None:
@@ -147,14 +160,7 @@ def test_a_plain_client_refused_crossslot_sends_per_slot_from_then_on(
     per slot from then on, and every lease is still answered.
     """
     port = redis_cluster.masters()[0]
-    owned = redis_cluster.slots_of(port)
-    names: list[str] = []
-    i = 0
-    while len({slot(storage_key(n)) for n in names}) < 5 or len(names) < 40:
-        name = f"{key}:{i}"
-        if slot(storage_key(name)) in owned:
-            names.append(name)
-        i += 1
+    names = _names_on(redis_cluster, port, key)
     tokens = [new_token() for _ in names]
     node = redis.Redis(
         connection_pool=redis.ConnectionPool(
@@ -188,14 +194,7 @@ def test_a_reap_on_a_plain_client_refused_crossslot_looks_per_slot(
     keys of two slots (``CROSSSLOT``): from then on they go per slot, and every key of
     this machine found is answered (here, leases of a live holder: none reaped)."""
     port = redis_cluster.masters()[0]
-    owned = redis_cluster.slots_of(port)
-    names: list[str] = []
-    i = 0
-    while len({slot(storage_key(n)) for n in names}) < 5 or len(names) < 40:
-        name = f"{key}:reap:{i}"
-        if slot(storage_key(name)) in owned:
-            names.append(name)
-        i += 1
+    names = _names_on(redis_cluster, port, f"{key}:reap")
     node = redis.Redis(connection_pool=redis.ConnectionPool(port=port, socket_timeout=10))
     backend = RedisBackend(client=node)
     try:
