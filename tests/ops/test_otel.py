@@ -148,7 +148,10 @@ def test_a_wait_that_times_out(store: ContractBackend, telemetry: Telemetry, key
         service.lock(key, name="report"),
         pytest.raises(LockNotAcquired),
     ):
-        service.lock(key, name="report", wait=0.3).acquire()
+        # A budget the first look cannot use up on a loaded machine: with 0.3 s, a
+        # first look on SQLite that took longer timed out before any wait, and
+        # tasklock.waiting was never recorded (bare-machine CI step, loaded).
+        service.lock(key, name="report", wait=2).acquire()
     found = attrs(name="report", backend=backend_of(store))
     assert lock_spans(telemetry) == [
         lock_span(ACQUIRE, found | attrs(result="acquired"), parent=work),
