@@ -7,14 +7,18 @@ from real storage.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import timedelta
+from collections.abc import Collection, Sequence
+from datetime import datetime, timedelta
 
 from django_tasklock.backends.base import BaseBackend, HeldLock, Refresh, Released
 
 
 class DelegatingBackend(BaseBackend):
-    """Every call answered by ``inner``, whose capabilities it shares."""
+    """Every call answered by ``inner``, whose capabilities it shares.
+
+    All but ``watch``: a waiter on a wrapper polls, so that every look it
+    takes goes through the calls the wrapper may change.
+    """
 
     def __init__(self, inner: BaseBackend) -> None:
         self.inner = inner
@@ -65,6 +69,18 @@ class DelegatingBackend(BaseBackend):
 
     def storage_time(self) -> float | None:
         return self.inner.storage_time()
+
+    def mark_rerun(self, key: str, payload: str) -> bool:
+        return self.inner.mark_rerun(key, payload)
+
+    def take_rerun(self, key: str, token: str, taking: int) -> str | None:
+        return self.inner.take_rerun(key, token, taking)
+
+    def rerun_marks(self, key: str | None = None) -> dict[str, datetime]:
+        return self.inner.rerun_marks(key)
+
+    def reap_dead_holders(self, alive: Collection[str] = ()) -> Sequence[HeldLock]:
+        return self.inner.reap_dead_holders(alive)
 
     def close(self) -> None:
         self.inner.close()
