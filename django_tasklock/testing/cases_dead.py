@@ -245,6 +245,23 @@ class DeadHolderCases:
             assert backend.peek(name) is not None, name
         assert not [held for held in ended if held.key in kept]
 
+    def test_reaping_with_the_callers_leases_named_alive_still_ends_a_dead_holders(
+        self, backend: BaseBackend, key: str, contract_backend: ContractBackend
+    ) -> None:
+        """``alive`` (the heartbeat's own leases) may be skipped: the others are looked at,
+        and the named ones are left held."""
+        takes_over(backend, contract_backend.name)
+        proofs_here()
+        ours = [f"{key}-ours-{n}" for n in range(3)]
+        for name in ours:
+            assert backend.acquire(name, new_token(), ttl=LONG, max_lifetime=LIFE)
+        assert backend.acquire(key, dead_token(), ttl=LONG, max_lifetime=LIFE)
+        ended = backend.reap_dead_holders(set(ours))
+        assert [held.key for held in ended if held.key.startswith(key)] == [key]
+        assert backend.peek(key) is None
+        for name in ours:
+            assert backend.peek(name) is not None, name
+
     # -- never taken over ---------------------------------------------------------------
 
     def test_holders_whose_death_cannot_be_proven_are_never_taken_over(

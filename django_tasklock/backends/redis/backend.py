@@ -504,11 +504,12 @@ class RedisBackend(BaseBackend):
         caller's key is in ``skip``: (caller's key, reply) by key; 500 keys per script
         (per slot where the storage takes one slot per script)."""
         scripts = self._calls()
-        found = [k for k in self._scan(KEY_PREFIX) if caller_key(text(k)) not in skip]
+        named = [(stored, caller_key(stored)) for stored in map(text, self._scan(KEY_PREFIX))]
+        named = [(stored, name) for stored, name in named if name not in skip]
         per_slot = scripts.per_slot
-        chunks = chunked([text(k) for k in found], _BATCH, per_slot=per_slot)
+        chunks = chunked([stored for stored, _ in named], _BATCH, per_slot=per_slot)
         calls: list[Call] = [
-            ("of_machine", [found[i] for i in chunk], [mine, _STALE_MS]) for chunk in chunks
+            ("of_machine", [named[i][0] for i in chunk], [mine, _STALE_MS]) for chunk in chunks
         ]
         if not calls:
             return []
@@ -523,7 +524,7 @@ class RedisBackend(BaseBackend):
             scripts.per_slot = True
             return self._of_machine(mine, skip)
         return [
-            (caller_key(text(found[i])), answer)
+            (named[i][1], answer)
             for chunk, reply in zip(chunks, replies, strict=True)
             for i, answer in zip(chunk, reply, strict=True)
         ]
