@@ -10,6 +10,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -25,6 +26,7 @@ from django_tasklock.api.service import TaskLockService, new_token
 from django_tasklock.backends import get_backend, reset_backend
 from django_tasklock.backends.base import KEY_PREFIX, Released, storage_key
 from django_tasklock.backends.redis import RedisBackend
+from django_tasklock.backends.redis.replies import text
 from django_tasklock.backends.redis.scripts import RELEASED_PREFIX, tombstone_key
 from django_tasklock.checks import check_tasklock_settings
 from django_tasklock.testing.support import wait_until
@@ -483,6 +485,24 @@ def test_location_of_a_cluster_names_its_masters(redis_cluster: Any) -> None:
         backend.close()
 
 
+@contextmanager
+def _pipelined(backend: RedisBackend) -> Iterator[list[tuple[str, list[str]]]]:
+    """Each script call ``backend`` pipelines meanwhile, as (script name, its keys)."""
+    scripts = backend._calls()
+    sent: list[tuple[str, list[str]]] = []
+    run_many = scripts.run_many
+
+    def recording(calls: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.extend((name, [text(k) for k in keys]) for name, keys, _ in calls)
+        return run_many(calls, *args, **kwargs)
+
+    scripts.run_many = recording  # type: ignore[method-assign]
+    try:
+        yield sent
+    finally:
+        del scripts.run_many
+
+
 def test_a_reap_sends_no_script_for_the_callers_own_leases(
     backend: RedisBackend, key: str
 ) -> None:
@@ -496,26 +516,13 @@ def test_a_reap_sends_no_script_for_the_callers_own_leases(
         assert backend.acquire(name, new_token(), ttl=LONG, max_lifetime=LIFE)
     dead = f"{key}-dead"
     assert backend.acquire(dead, dead_token(), ttl=LONG, max_lifetime=LIFE)
-    scripts = backend._calls()
-    looked_at: list[str] = []
-    run_many = scripts.run_many
-
-    def counting(calls: Any, *args: Any, **kwargs: Any) -> Any:
-        looked_at.extend(
-            k.decode() if isinstance(k, bytes) else k for _, keys, _ in calls for k in keys
-        )
-        return run_many(calls, *args, **kwargs)
-
-    scripts.run_many = counting  # type: ignore[method-assign]
-    try:
+    mine = {storage_key(name) for name in [*ours, dead]}
+    with _pipelined(backend) as sent:
         assert [held.key for held in backend.reap_dead_holders(set(ours))] == [dead]
-        mine = {storage_key(name) for name in [*ours, dead]}
-        assert mine & set(looked_at) == {storage_key(dead)}
-        looked_at.clear()
+    assert mine & {k for _, keys in sent for k in keys} == {storage_key(dead)}
+    with _pipelined(backend) as sent:
         backend.reap_dead_holders()  # without them: each of ours is looked at
-        assert mine & set(looked_at) == {storage_key(name) for name in ours}
-    finally:
-        del scripts.run_many
+    assert mine & {k for _, keys in sent for k in keys} == {storage_key(n) for n in ours}
     for name in ours:
         assert backend.peek(name) is not None
 
@@ -532,20 +539,10 @@ def test_a_reap_looks_at_500_keys_per_script(raw: redis.Redis, key: str) -> None
     for name in names:  # leases of a live process of this machine: ours
         pipe.set(storage_key(name), new_token(), px=60_000)
     pipe.execute()
-    scripts = backend._calls()
-    sent: list[int] = []
-    run_many = scripts.run_many
-
-    def counting(calls: Any, *args: Any, **kwargs: Any) -> Any:
-        sent.extend(len(keys) for name, keys, _ in calls if name == "of_machine")
-        return run_many(calls, *args, **kwargs)
-
-    scripts.run_many = counting  # type: ignore[method-assign]
-    try:
+    with _pipelined(backend) as sent:
         assert backend.reap_dead_holders() == []
-    finally:
-        del scripts.run_many
+    sizes = [len(keys) for name, keys in sent if name == "of_machine"]
     assert f"/{machine}." in new_token()
-    assert sum(sent) >= len(names)  # every key (and any other test's)
-    assert len(sent) == -(-sum(sent) // 500)
-    assert max(sent) <= 500
+    assert sum(sizes) >= len(names)  # every key (and any other test's)
+    assert len(sizes) == -(-sum(sizes) // 500)
+    assert max(sizes) <= 500
