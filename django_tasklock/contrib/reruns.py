@@ -178,7 +178,7 @@ def rq_send(call: dict[str, Any]) -> None:
     a job, django-rq's connection for that queue (``RQ_QUEUES``); else it raises (the send
     is logged)."""
     module: Any = sys.modules["rq"]
-    job: Any = module.get_current_job()
+    job = running.rq_job()
     if job is not None:
         queue = module.Queue(call["queue"], connection=job.connection, serializer=job.serializer)
     elif "django_rq" in sys.modules:
