@@ -1,8 +1,10 @@
 """Keeping held leases alive: one daemon thread for the whole process.
 
-Every lease the process holds is scheduled on one heap; the thread sleeps until
-the earliest is due, then refreshes every lease due by then (and those due
-within half their interval) with one ``refresh_many`` call per backend (one
+Every lease the process holds is scheduled on one heap, in groups: the leases
+refreshed together, due again at one time, go back as one entry (a new lease
+comes as an entry of its own). The thread sleeps until the earliest is due,
+then refreshes every lease due by then (and those due within half their
+interval) with one ``refresh_many`` call per backend (one
 statement per 500 leases for the built-in backends), and schedules each again
 ``refresh_interval`` later. Each lost lease is still reported on its own.
 Releasing never waits for a refresh under way, except with ``min_hold`` (see
@@ -84,7 +86,9 @@ class Heartbeat(BatchRefresher):
         # (add, remove): a ``with`` on the condition adds a Python call each way.
         self._mutex = threading.RLock()
         self._cond = threading.Condition(self._mutex)
-        self._heap: list[tuple[float, int, Lease]] = []
+        # (when, seq, leases): the leases due at ``when``, in the order scheduled.
+        self._heap: list[tuple[float, int, list[Lease]]] = []
+        self._size = 0  # leases in the heap's entries, closed ones included
         # No entry of the heap is due after this (see _take, _schedule).
         self._latest = -math.inf
         self._thread: threading.Thread | None = None
@@ -112,7 +116,8 @@ class Heartbeat(BatchRefresher):
     def add(self, lease: Lease) -> None:
         interval = lease.options.refresh_interval.total_seconds()
         with self._mutex:
-            heapq.heappush(self._heap, (lease.next_due, next(self._seq), lease))
+            heapq.heappush(self._heap, (lease.next_due, next(self._seq), [lease]))
+            self._size += 1
             if lease.next_due > self._latest:
                 self._latest = lease.next_due
             backend = lease.backend
@@ -167,24 +172,40 @@ class Heartbeat(BatchRefresher):
                 finally:
                     self._waiting -= 1
             self._closed += 1
-            if self._closed >= len(self._heap) or (
-                self._closed > _COMPACT_AFTER and 2 * self._closed > len(self._heap)
+            if self._closed >= self._size or (
+                self._closed > _COMPACT_AFTER and 2 * self._closed > self._size
             ):
-                self._heap = [entry for entry in self._heap if not entry[2].closed]
-                heapq.heapify(self._heap)
-                self._closed = 0
+                self._compact()
                 if not self._heap and self._touched:
                     self._cond.notify()  # going idle: let the thread close its connections
         watcher().removed()
+
+    def _compact(self) -> None:
+        """Drop the closed leases from the heap (under the lock)."""
+        kept = []
+        for when, seq, group in self._heap:
+            live = [lease for lease in group if not lease.closed]
+            if live:
+                kept.append((when, seq, live))
+        heapq.heapify(kept)
+        self._heap = kept
+        self._size = sum(len(group) for _, _, group in kept)
+        self._closed = 0
 
     def watch(self, lease: Lease, pending: PendingRelease) -> None:
         """Keep ``lease`` alive until ``pending`` settles it, looking at it often."""
         with self._cond:
             lease.pending = pending
             soon = lease.wake_at()
-            for index, (when, seq, queued) in enumerate(self._heap):
-                if queued is lease and when > soon:
-                    self._heap[index] = (soon, seq, queued)
+            for index, (when, seq, group) in enumerate(self._heap):
+                if when > soon and any(queued is lease for queued in group):
+                    # Out of its group (by identity: Lease has no __eq__), on its own.
+                    rest = [queued for queued in group if queued is not lease]
+                    if rest:
+                        self._heap[index] = (when, seq, rest)
+                        self._heap.append((soon, next(self._seq), [lease]))
+                    else:
+                        self._heap[index] = (soon, seq, group)
                     heapq.heapify(self._heap)
                     self._cond.notify()
                     break
@@ -222,9 +243,10 @@ class Heartbeat(BatchRefresher):
             while True:
                 if self._unread:
                     return [], [], []  # the caller reads their clocks first
-                while self._heap and self._heap[0][2].closed:
-                    heapq.heappop(self._heap)
-                    self._closed = max(0, self._closed - 1)
+                while self._heap and all(lease.closed for lease in self._heap[0][2]):
+                    _, _, group = heapq.heappop(self._heap)
+                    self._size -= len(group)
+                    self._closed = max(0, self._closed - len(group))
                 if not self._heap:
                     if self._touched:
                         idle, self._touched = list(self._touched.values()), {}
@@ -247,7 +269,7 @@ class Heartbeat(BatchRefresher):
                 self._wake_at = -math.inf
                 # Refreshing early is always safe; the first lease's interval
                 # sets how early, for the price of one look per tick.
-                first = self._heap[0][2].options.refresh_interval.total_seconds()
+                first = self._heap[0][2][0].options.refresh_interval.total_seconds()
                 horizon = now + _EARLY * first
                 due: list[Lease] = []
                 dropped: list[Lease] = []
@@ -273,37 +295,50 @@ class Heartbeat(BatchRefresher):
         if self._latest <= horizon:  # every entry due
             self._heap = []
             self._latest = -math.inf
+            heap.sort()  # by (when, seq): the order popping gives
         elif len(heap) < _SPLIT_AT or heap[-1][0] > horizon:  # a leaf not due: likely a few
-            taken: list[Lease] = []
+            popped = []
             while heap and heap[0][0] <= horizon:
-                taken.append(heapq.heappop(heap)[2])
-            return taken
+                popped.append(heapq.heappop(heap))
+            heap = popped
         else:
             self._heap = [entry for entry in heap if entry[0] > horizon]
             heapq.heapify(self._heap)
-            heap = [entry for entry in heap if entry[0] <= horizon]
-        heap.sort()  # by (when, seq): the order popping gives
-        return list(map(_lease_of, heap))
+            heap = sorted(entry for entry in heap if entry[0] <= horizon)
+        taken = list(itertools.chain.from_iterable(map(_group_of, heap)))
+        self._size -= len(taken)
+        return taken
 
     def _schedule(self, leases: list[Lease]) -> None:
-        """Put ``leases`` (not closed) back on the heap, at their ``wake_at`` (under the lock)."""
+        """Put ``leases`` (not closed) back on the heap, at their ``wake_at`` (under the lock).
+
+        Those due at one time go back as one entry (the usual: a tick's leases
+        are all due one interval after it), so a tick allocates no entry per lease.
+        """
         leases = [lease for lease in leases if not lease.closed]
         if not leases:
             return
         whens = [x.next_due if x.pending is None else x.wake_at() for x in leases]
-        # strict=False: the seqs never end; zip takes one only for each lease.
-        entries = zip(whens, self._seq, leases, strict=False)
         first, last = min(whens), max(whens)
-        if first == last and first >= self._latest:
-            # One time, after every entry's, with seqs in order: appended, they
-            # are in heap order already (each is at least its parent).
-            self._heap.extend(entries)
-        elif len(leases) < _SPLIT_AT:
-            for entry in entries:
+        if first == last:
+            entry = (first, next(self._seq), leases)
+            if first >= self._latest:
+                # After every entry, with the latest seq: appended, it is in
+                # heap order already (at least its parent).
+                self._heap.append(entry)
+            else:
                 heapq.heappush(self._heap, entry)
         else:
-            self._heap.extend(entries)
-            heapq.heapify(self._heap)
+            groups: dict[float, list[Lease]] = {}
+            for when, lease in zip(whens, leases, strict=True):
+                group = groups.get(when)
+                if group is None:
+                    groups[when] = [lease]
+                else:
+                    group.append(lease)
+            for when, group in groups.items():  # in the order of their first lease
+                heapq.heappush(self._heap, (when, next(self._seq), group))
+        self._size += len(leases)
         if last > self._latest:
             self._latest = last
 
@@ -326,7 +361,7 @@ class Heartbeat(BatchRefresher):
         """
         with self._cond:
             self._reap_now = False
-            waiting = [lease for _, _, lease in self._heap if not lease.closed]
+            waiting = [x for _, _, group in self._heap for x in group if not x.closed]
             held: dict[BaseBackend, set[str]] = {}
             for lease in waiting:  # each backend, with the names of our leases there
                 held.setdefault(lease.backend, set()).add(lease.stored_as)
@@ -362,8 +397,8 @@ class Heartbeat(BatchRefresher):
                     log(logging.DEBUG, "Closing idle connections failed.", exc_info=True)
             by_backend: dict[int, list[Lease]] = {}
             backends = list(map(_backend_of, due))
-            if len(set(map(id, backends))) == 1:  # the usual: one backend, no grouping
-                by_backend[id(backends[0])] = due
+            if due and all(map(operator.is_, backends, itertools.repeat(backends[0]))):
+                by_backend[id(backends[0])] = due  # the usual: one backend, no grouping
             else:
                 for lease, backend in zip(due, backends, strict=True):
                     by_backend.setdefault(id(backend), []).append(lease)
@@ -394,7 +429,7 @@ class Heartbeat(BatchRefresher):
 
 
 _backend_of = operator.attrgetter("backend")
-_lease_of = operator.itemgetter(2)
+_group_of = operator.itemgetter(2)
 
 _heartbeat = Heartbeat()
 forks.on_fork(_heartbeat._after_fork)

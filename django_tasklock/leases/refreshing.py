@@ -32,7 +32,8 @@ class BatchRefresher:
     """The heartbeat's refreshing of one batch, on its thread, under its condition."""
 
     _cond: threading.Condition
-    _heap: list[tuple[float, int, Lease]]
+    _heap: list[tuple[float, int, list[Lease]]]  # (when, seq, the leases due then)
+    _size: int  # leases in the heap's entries
     _closed: int  # closed leases still in the heap
     _taken: list[Lease]  # due leases taken off the heap
     _clocks: StorageClocks
@@ -109,13 +110,19 @@ class BatchRefresher:
         """
         backend = leases[0].backend
         with self._cond:
-            others = [x for _, _, x in self._heap if x.backend is backend and not x.closed]
+            others = [x for _, _, group in self._heap for x in group if x.backend is backend]
             if others:
-                kept = [entry for entry in self._heap if entry[2].backend is not backend]
-                dropped_closed = len(self._heap) - len(kept) - len(others)
+                kept = []
+                for when, seq, group in self._heap:
+                    rest = [x for x in group if x.backend is not backend]
+                    if rest:
+                        kept.append((when, seq, rest))
                 self._heap = kept
                 heapq.heapify(self._heap)
+                self._size -= len(others)
+                dropped_closed = sum(x.closed for x in others)
                 self._closed = max(0, self._closed - dropped_closed)
+                others = [x for x in others if not x.closed]
                 self._taken = [*self._taken, *others]
         everyone = [*leases, *others]
         for lease in everyone:

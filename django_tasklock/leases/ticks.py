@@ -10,6 +10,7 @@ process's is judged from what the storage shows (see ``health``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -99,8 +100,12 @@ def tick_started(leases: Sequence[Lease]) -> Tick:
     global _last, _recent
     now = clock()
     terms = list(map(_options_of, leases))
-    distinct = dict(zip(map(id, terms), terms, strict=True))  # most leases share one
-    interval = min(options.refresh_interval.total_seconds() for options in distinct.values())
+    first = terms[0]
+    if all(map(operator.is_, terms, itertools.repeat(first))):  # the usual: all share one
+        interval = first.refresh_interval.total_seconds()
+    else:
+        distinct = dict(zip(map(id, terms), terms, strict=True))
+        interval = min(options.refresh_interval.total_seconds() for options in distinct.values())
     _last = Tick(started=now, refresh_interval=interval, leases=len(leases))
     _recent = (*(tick for tick in _recent if not _over(tick, now)), _last)
     return _last
