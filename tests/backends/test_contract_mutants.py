@@ -6,7 +6,6 @@ start-up, a few cases each); each test here reads one subject's outcome.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -17,6 +16,7 @@ from django.conf import settings
 
 from tests.conftest import require_service
 from tests.support.contract_mutants import SUBJECTS
+from tests.support.services import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--no-cov", "-q"]
@@ -45,7 +45,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Outcomes:
     child = subprocess.run(
         [*PYTEST, f"--junitxml={report}", *node_ids],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**child_env(), "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         timeout=600,

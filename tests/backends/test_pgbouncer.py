@@ -12,6 +12,11 @@ locks) proves it. PgBouncer is started by the test settings
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from django.conf import settings
 
@@ -30,3 +35,24 @@ class TestContractThroughPgBouncer(BackendContract):
         backend = database_backend("pgbouncer")
         backend.name = "database:pgbouncer"
         return backend
+
+
+def test_a_process_a_test_starts_uses_the_test_process_pgbouncer() -> None:
+    """Not one of its own: a holder or worker a test kills never stops its PgBouncer."""
+    require_service("postgres")
+    require_service("pgbouncer")
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings; "
+            "print(settings.DATABASES['pgbouncer']['PORT'])",
+        ],
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert child.stdout.split()[-1] == settings.DATABASES["pgbouncer"]["PORT"]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import tests.conftest
+from tests.support.services import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ def test_a_hung_test_ends_its_run_with_every_threads_stack(tmp_path: Path) -> No
             str(tmp_path / "test_hung.py"),
         ],
         cwd=ROOT,
-        env={**os.environ, "TASKLOCK_TEST_HUNG_AFTER": "3", "PYTHONPATH": str(ROOT)},
+        env={**child_env(), "TASKLOCK_TEST_HUNG_AFTER": "3", "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         timeout=300,

@@ -22,6 +22,8 @@ IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 POSTGRES_ENV = "TASKLOCK_TEST_POSTGRES_URL"
 MARIADB_ENV = "TASKLOCK_TEST_MARIADB_URL"
 REDIS_ENV = "TASKLOCK_TEST_REDIS_URL"
+#: The port of the PgBouncer a test process started, for the processes its tests start.
+PGBOUNCER_PORT_ENV = "TASKLOCK_TEST_PGBOUNCER_PORT"
 
 #: Why a service is missing, for skip messages.
 missing: dict[str, str] = {}
@@ -157,10 +159,17 @@ def mariadb_settings(url: str) -> dict[str, Any]:
     }
 
 
+def child_env() -> dict[str, str]:
+    """The environment for a pytest run a test starts: a run of its own, which starts
+    (and stops) its own PgBouncer rather than use its starter's."""
+    return {name: value for name, value in os.environ.items() if name != PGBOUNCER_PORT_ENV}
+
+
 def pgbouncer_settings(postgres: dict[str, Any]) -> dict[str, Any] | None:
     """A database alias through PgBouncer in transaction pooling, in front of ``postgres``.
 
-    PgBouncer is started here, for the whole run, on a free loopback port.
+    PgBouncer is started here, for the whole run, on a free loopback port; a
+    process started by a test uses its test process's (``PGBOUNCER_PORT_ENV``).
     Django must not use server-side cursors behind transaction pooling.
     """
     from tests.support.servers import pgbouncer_binary, start_pgbouncer
@@ -168,9 +177,16 @@ def pgbouncer_settings(postgres: dict[str, Any]) -> dict[str, Any] | None:
     if pgbouncer_binary() is None:
         _missing("pgbouncer", "pgbouncer not available: apt-get install pgbouncer")
         return None
-    port, stop = start_pgbouncer(postgres["HOST"], int(postgres["PORT"]))
-    stoppers["pgbouncer"] = stop
-    atexit.register(stop)
+    inherited = os.environ.get(PGBOUNCER_PORT_ENV)
+    if inherited and "PYTEST_CURRENT_TEST" in os.environ:
+        # A process a test started (a holder, a task worker): its test process's
+        # PgBouncer, not one of its own, which a test that kills it would leave running.
+        port = int(inherited)
+    else:
+        port, stop = start_pgbouncer(postgres["HOST"], int(postgres["PORT"]))
+        stoppers["pgbouncer"] = stop
+        atexit.register(stop)
+        os.environ[PGBOUNCER_PORT_ENV] = str(port)  # for the processes its tests start
     return {
         **postgres,
         "HOST": "127.0.0.1",
