@@ -7,20 +7,8 @@ from typing import Any
 
 from tests import jobs
 from tests.support import services
+from tests.type_settings import *  # noqa: F403 (the apps; what follows adds the services)
 
-SECRET_KEY = "django-tasklock-tests"
-USE_TZ = True
-DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
-INSTALLED_APPS = [
-    "django.contrib.admin",
-    "django.contrib.contenttypes",
-    "django.contrib.auth",
-    "django.contrib.sessions",
-    "django.contrib.messages",
-    "django.contrib.staticfiles",
-    "django_tasklock",
-    *jobs.TASK_APPS,
-]
 TASKS = jobs.TASKS
 # django-tasks-db's tables come from its models, not its migrations: on MariaDB, the
 # migrations of 0.12 (its last release for Django 4.2) rename an index that MariaDB
