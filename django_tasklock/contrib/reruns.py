@@ -177,9 +177,9 @@ def rq_send(call: dict[str, Any]) -> None:
     the Redis connection (and with the serializer) of the job the holder runs in; outside
     a job, django-rq's connection for that queue (``RQ_QUEUES``); else it raises (the send
     is logged)."""
-    module: Any = sys.modules["rq"]
     job = running.rq_job()
-    if job is not None:
+    if job is not None:  # so RQ is imported
+        module: Any = sys.modules["rq"]
         queue = module.Queue(call["queue"], connection=job.connection, serializer=job.serializer)
     elif "django_rq" in sys.modules:
         queue = sys.modules["django_rq"].get_queue(call["queue"])

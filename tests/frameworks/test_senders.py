@@ -101,7 +101,10 @@ def test_rq_describes_the_current_jobs_function_arguments_and_queue(
 def test_rq_send_outside_a_job_without_django_rq_raises(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # A holder that never imported RQ (a web process, a management command), nor
+    # django-rq: the send says why it cannot, not KeyError('rq').
     processes.require_module("rq")
+    monkeypatch.delitem(sys.modules, "rq", raising=False)
     monkeypatch.delitem(sys.modules, "django_rq", raising=False)
     call = {"task": "app.jobs.rebuild", "args": [], "kwargs": {}, "queue": "nightly"}
     with pytest.raises(RuntimeError, match="no RQ job runs in the holder"):
