@@ -434,6 +434,8 @@ def test_key_without_a_ttl_is_free_and_swept(
 
 
 def test_heartbeat_survives_a_killed_connection(raw: redis.Redis, key: str) -> None:
+    # The ttl leaves a busy machine 1.7 s to reconnect and refresh, every 0.3 s.
+    ttl = 2
     name = f"tasklock-test-{uuid.uuid4().hex[:8]}"
     client = redis.Redis.from_url(_url(), client_name=name)
     backend = RedisBackend(client=client)
@@ -445,17 +447,18 @@ def test_heartbeat_survives_a_killed_connection(raw: redis.Redis, key: str) -> N
         return [int(c["id"]) for c in raw.client_list() if c.get("name") == name]
 
     def work() -> None:
-        time.sleep(0.5)  # the heartbeat has refreshed on its connection
+        time.sleep(0.5)  # the heartbeat has likely refreshed on its connection (else the
+        # acquisition's is killed: the refresh that follows must reconnect just the same)
         for client_id in ours():
             if raw.client_kill_filter(_id=str(client_id)):
                 killed.append(client_id)
-        end = time.monotonic() + 2.0  # twice the ttl: only refreshes keep it held
+        end = time.monotonic() + 2 * ttl  # twice the ttl: only refreshes keep it held
         while time.monotonic() < end:
             rivals.append(rival.acquire(key, new_token(), ttl=LONG, max_lifetime=LIFE))
             time.sleep(0.1)
 
     try:
-        result = TaskLockService(backend).run_exclusive(key, work, ttl=1, refresh_interval=0.3)
+        result = TaskLockService(backend).run_exclusive(key, work, ttl=ttl, refresh_interval=0.3)
         assert killed
         assert result.acquired
         assert not result.lost
