@@ -27,12 +27,14 @@ from tests.support.otel_support import (
     attrs,
     backend_of,
     eventually,
+    heartbeat_quiet,
     lock_metrics,
     lock_span,
     lock_spans,
     metric_records,
     observed,
     open_store,
+    tick_leases,
 )
 
 pytestmark = pytest.mark.databases
@@ -45,6 +47,8 @@ BEAT_DURATION, BEAT_LEASES = "tasklock.heartbeat.duration", "tasklock.heartbeat.
 
 @pytest.fixture
 def telemetry() -> Iterator[Telemetry]:
+    # Not one tick of an earlier test's lease (still being released) in this test's.
+    heartbeat_quiet()
     yield from observed()
 
 
@@ -237,7 +241,9 @@ def test_a_loss(store: ContractBackend, telemetry: Telemetry, key: str) -> None:
     ):
         store.backend.force_release(key)  # an operator's release: the next refresh finds it
         assert lock.lost_event.wait(15)
-    eventually(lambda: _ticks_settled(telemetry, last_leases=0))
+    eventually(
+        lambda: _ticks_settled(telemetry, last_leases=0), describe=lambda: tick_leases(telemetry)
+    )
     found = attrs(name="report", backend=backend_of(store))
     lost = found | attrs(lost_reason="released_by_operator")
     assert lock_spans(telemetry) == [
@@ -279,7 +285,9 @@ def test_a_heartbeat_tick(store: ContractBackend, telemetry: Telemetry, key: str
         TaskLockService(store.backend).lock(key, name="report", ttl=3, refresh_interval=1),
     ):
         eventually(lambda: bool(telemetry.finished(BEAT)))
-    eventually(lambda: _ticks_settled(telemetry, last_leases=1))
+    eventually(
+        lambda: _ticks_settled(telemetry, last_leases=1), describe=lambda: tick_leases(telemetry)
+    )
     found = attrs(name="report", backend=backend_of(store))
     beat = attrs(backend=backend_of(store))
     ticks = telemetry.finished(BEAT)  # one, unless this thread was held up for a second

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
 from django_tasklock.contrib import otel
+from django_tasklock.leases.heartbeat import heartbeat
 from django_tasklock.testing import ContractBackend
 from tests.conftest import database_backend, redis_backend, require_service
 
@@ -182,11 +183,47 @@ def attrs(**values: Any) -> frozenset[tuple[str, Any]]:
     return frozenset((f"tasklock.{k.replace('_', '.')}", v) for k, v in values.items())
 
 
-def eventually(condition: Callable[[], bool], timeout: float = 15.0) -> None:
+def eventually(
+    condition: Callable[[], bool],
+    timeout: float = 15.0,
+    describe: Callable[[], object] | None = None,
+) -> None:
+    """Wait for ``condition``; past ``timeout``, fail with what ``describe`` says then."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
+        if time.monotonic() >= deadline:
+            found = "" if describe is None else f": {describe()!r}"
+            raise AssertionError(f"condition not met in time{found}")
         time.sleep(0.05)
+
+
+def open_leases() -> list[tuple[str, str]]:
+    """(key, backend class) of each lease this process's heartbeat keeps: those on its
+    heap not released, and those of a tick under way, released or not (the tick may
+    yet be recorded)."""
+    beat = heartbeat()
+    with beat._mutex:
+        queued = [x for _, _, group in beat._heap for x in group if not x.closed]
+        leases = queued + beat._taken
+    return [(x.key, type(x.backend).__name__) for x in leases]
+
+
+def heartbeat_quiet() -> None:
+    """Wait until this process's heartbeat keeps no lease: a test that counts every
+    tick must not count those of an earlier test's lease, still being released."""
+    eventually(lambda: not open_leases(), timeout=30, describe=open_leases)
+
+
+def tick_leases(telemetry: Telemetry) -> list[tuple[object, object]]:
+    """Per finished tick, its backend and how many leases it refreshed: what a failed
+    wait for the ticks says."""
+    return [
+        (
+            (span.attributes or {}).get("tasklock.backend"),
+            (span.attributes or {}).get("tasklock.heartbeat.leases"),
+        )
+        for span in telemetry.finished("tasklock.heartbeat")
+    ]
 
 
 def children(telemetry: Telemetry, parent: ReadableSpan) -> list[ReadableSpan]:
