@@ -13,7 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -43,25 +43,46 @@ def _ephemeral_ports() -> range:
     return range(int(low), int(high) + 1)
 
 
-def _free_node_port() -> int:
+def _free_node_port(taken: Collection[int] = ()) -> int:
     """A free port whose cluster bus port (port + 10000) is free too, both below 65536,
     and both below the ephemeral range when it leaves room: a node killed and
     started again on its port (tests/faults/test_cluster_kill.py) must find it
-    free, not taken meanwhile by some process's outgoing connection."""
+    free, not taken meanwhile by some process's outgoing connection.
+
+    Neither is the port or the bus port of a node in ``taken``: those are free
+    until their nodes start, and a port chosen twice made two nodes of one
+    cluster share it (the second one's server could not bind, and the cluster
+    never became ok).
+    """
     ephemeral = _ephemeral_ports()
     below = ephemeral.start - 10000 > 10000
+    avoided = {p for node in taken for p in (node, node + 10000)}
     while True:
         port = (
             random.randrange(10000, ephemeral.start - 10000)
             if below
             else random.randrange(20000, 40000)
         )
-        if bindable(port) and bindable(port + 10000):
+        if (
+            port not in avoided
+            and port + 10000 not in avoided
+            and bindable(port)
+            and bindable(port + 10000)
+        ):
             return port
 
 
+def _node_ports(count: int) -> list[int]:
+    """``count`` ports for a cluster's nodes (:func:`_free_node_port`), none sharing a port."""
+    ports: list[int] = []
+    for _ in range(count):
+        ports.append(_free_node_port(ports))
+    return ports
+
+
 class NodeDidNotStart(RuntimeError):
-    """A node's ``redis-server`` exited, or did not listen in time (its log in the message)."""
+    """A node's ``redis-server`` exited, or did not answer on its port in time (its log in
+    the message)."""
 
 
 def _listening(port: int) -> bool:
@@ -79,7 +100,7 @@ class PrivateCluster:
         self.server = require_binary(shutil.which("redis-server"), "redis-server")
         self.cli = require_binary(shutil.which("redis-cli"), "redis-cli")
         self.dir = Path(tempfile.mkdtemp(prefix="tasklock-cluster-"))
-        self.ports = [_free_node_port() for _ in range(2 * MASTERS)]
+        self.ports = _node_ports(2 * MASTERS)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self._nodes: dict[int, Any] = {}
 
@@ -102,7 +123,7 @@ class PrivateCluster:
                 stdout=log, stderr=log,
             )  # fmt: skip
         end = time.monotonic() + 20
-        while not _listening(port):
+        while not _listening(port) or not self._serves(port, process):
             if process.poll() is not None or time.monotonic() > end:
                 process.kill()
                 process.wait(10)
@@ -110,6 +131,23 @@ class PrivateCluster:
                 tail = (node_dir / "log").read_text(errors="replace")[-2000:]
                 raise NodeDidNotStart(f"the cluster node on port {port} did not start:\n{tail}")
             time.sleep(0.05)
+
+    def _serves(self, port: int, process: subprocess.Popen[bytes]) -> bool:
+        """Whether the server listening on ``port`` is ``process``, not another process's
+        (which had taken the port since it was found free)."""
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        probe = redis.Redis(
+            port=port, socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+        )
+        try:
+            return int(probe.info("server")["process_id"]) == process.pid
+        except Exception:  # not answering yet, or not a Redis server
+            return False
+        finally:
+            probe.close()
 
     def node_options(self, port: int) -> list[str]:
         """More ``redis-server`` options for the node on ``port``, after (and over) these."""
@@ -126,7 +164,7 @@ class PrivateCluster:
                     # since it was found free, by any process: another one.
                     if attempt == 2:
                         raise
-                    port = self.ports[index] = _free_node_port()
+                    port = self.ports[index] = _free_node_port(self.ports)
         nodes = [f"127.0.0.1:{port}" for port in self.ports]
         subprocess.run(
             [self.cli, "--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"],
@@ -148,6 +186,7 @@ class PrivateCluster:
         """Until every node says ``cluster_state:ok``, every master has a replica in sync,
         and every node knows the others."""
         end = time.monotonic() + timeout
+        seen = "nothing yet"
         while True:
             try:
                 infos = [self.node(port).cluster("info") for port in self.processes]
@@ -169,10 +208,16 @@ class PrivateCluster:
                 )
                 if states == {"ok"} and replicas == MASTERS and agreed:
                     return
-            except Exception:  # a node still starting
-                pass
+                seen = (
+                    f"states {sorted(states)}, {replicas} replicas in sync, nodes known "
+                    f"{[len(view) for view in views]} of {len(self.processes)}"
+                )
+            except Exception as error:  # a node still starting
+                seen = repr(error)
             if time.monotonic() > end:
-                raise TimeoutError(f"the cluster in {self.dir} is not ok after {timeout} s")
+                raise TimeoutError(
+                    f"the cluster in {self.dir} is not ok after {timeout} s (last seen: {seen})"
+                )
             time.sleep(0.2)
 
     def client(self) -> Any:
