@@ -26,6 +26,7 @@ from django_tasklock.leases.lease import clock
 from django_tasklock.locking.lock import Lock
 from django_tasklock.signals import lock_lost
 from django_tasklock.testing import ContractBackend
+from django_tasklock.testing.support import wait_until
 from tests.support.wrapped import Wrapped
 
 #: How late a declaration may come on this shared, loaded 2-core machine. The
@@ -144,57 +145,79 @@ def test_a_refresh_that_fails_fast_is_declared_by_the_deadline(
 # -- 3. receivers and log handlers never stall the heartbeat -----------------------
 
 
-class _SlowHandler(logging.Handler):
-    def __init__(self, key: str, seconds: float) -> None:
+class _HeldHandler(logging.Handler):
+    """Holds the thread that logs a message naming ``key`` until ``go`` is set."""
+
+    def __init__(self, key: str) -> None:
         super().__init__(logging.WARNING)
-        self.key, self.seconds = key, seconds
+        self.key = key
+        self.holding, self.go = threading.Event(), threading.Event()
+        self.threads: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.key in record.getMessage():
-            time.sleep(self.seconds)
+            self.threads.append(threading.current_thread().name)
+            self.holding.set()
+            self.go.wait(60)
+
+
+def _answered_after(lock: Lock, since: float) -> None:
+    """Until a refresh of ``lock`` is answered after ``since`` (within a generous bound)."""
+    lease = lock._lease
+    assert lease is not None
+    wait_until(lambda: lease.answered_at > since, timeout=20, step=0.005)
 
 
 def test_a_slow_receiver_or_log_handler_stalls_no_other_lease(
     any_backend: ContractBackend, key: str
 ) -> None:
-    # Lease A is force-released; its loss's receiver and log handler each take
-    # a while. Lease B (ttl 0.5 s) must go on being refreshed meanwhile.
-    block = 1.0
+    # Lease A is force-released; its loss's log handler, then its receiver, each
+    # hold their thread until the test lets them go: meanwhile lease B's refreshes
+    # must go on being answered. Judged by an answer after each began, waited for
+    # with a generous bound, not by B outliving a short ttl: that also failed when a
+    # loaded machine's heartbeat went 2 s without an answer for a reason of its own.
     other = f"{key}-other"
     backend = any_backend.backend
-    receiving, received = threading.Event(), threading.Event()
+    receiving, let_go = threading.Event(), threading.Event()
+    receivers: list[str] = []
 
-    def slow_receiver(sender: object, key: str, **kwargs: Any) -> None:
+    def held_receiver(sender: object, key: str, **kwargs: Any) -> None:
         if key == other:
+            receivers.append(threading.current_thread().name)
             receiving.set()
-            time.sleep(block)
-            received.set()
+            let_go.wait(60)
 
-    handler = _SlowHandler(repr(other), block)
+    handler = _HeldHandler(repr(other))
     logger = logging.getLogger("django_tasklock")
     logger.addHandler(handler)
-    lock_lost.connect(slow_receiver, weak=False)
+    lock_lost.connect(held_receiver, weak=False)
     service = TaskLockService(backend)
     try:
         with (
-            service.lock(key, ttl=0.5, refresh_interval=0.1) as b,
+            service.lock(key, ttl=5, refresh_interval=0.1) as b,
             service.lock(other, ttl=30, refresh_interval=0.1) as a,
         ):
             backend.force_release(other)
-            _wait_lost(a, 2)
+            assert handler.holding.wait(20), "the loss was never logged"
             assert a.lost
-            # The log handler takes its while, then the receiver its own.
-            assert receiving.wait(3 * block)
-            time.sleep(0.8 * block)
-            assert not received.is_set()
+            _answered_after(b, clock())  # while the handler holds its thread
+            handler.go.set()
+            assert receiving.wait(20), "lock_lost never sent"
+            _answered_after(b, clock())  # while the receiver holds its thread
+            let_go.set()
             assert not b.lost
-            held = backend.peek(key)
-            assert held is not None, "lease B expired while a receiver ran"
+            assert backend.peek(key) is not None
     finally:
-        received.wait(3 * block)
-        lock_lost.disconnect(slow_receiver)
+        handler.go.set()
+        let_go.set()
+        lock_lost.disconnect(held_receiver)
         logger.removeHandler(handler)
     assert not b.lost
+    assert a._lease is not None
+    assert a._lease.reason == "released_by_operator"
+    # Neither on the thread that refreshes nor on the one that watches deadlines.
+    quiet = {"django-tasklock-heartbeat", "django-tasklock-deadlines"}
+    assert not quiet & {*handler.threads, *receivers}, (handler.threads, receivers)
 
 
 # -- 4. a lease granted late: one rule ---------------------------------------------

@@ -27,6 +27,7 @@ from django_tasklock.leases.lease import Lease, clock
 from django_tasklock.locking.lock import Lock
 from django_tasklock.models import CacheEntry
 from django_tasklock.signals import lock_lost
+from django_tasklock.testing.support import wait_until
 from tests.conftest import DATABASE_ALIASES, require_service
 
 pytestmark = pytest.mark.databases
@@ -128,10 +129,7 @@ def test_leases_queued_behind_a_refresh_kept_waiting_are_declared_on_time(
 
 def _until_refreshing(lease: Lease) -> None:
     """Until the heartbeat's refresh of ``lease`` is under way (and so waits for the block)."""
-    end = clock() + BLOCKED / 2
-    while not any(sent is lease for sent in heartbeat()._in_flight):
-        assert clock() < end, "the heartbeat sent no refresh of the blocked lease"
-        time.sleep(0.01)
+    wait_until(lambda: any(x is lease for x in heartbeat()._in_flight), BLOCKED / 2, step=0.01)
 
 
 def _assert_lost_within_ttl(lock: Lock, lost_at: list[float], *, since: float) -> None:
