@@ -195,13 +195,15 @@ def rq_send(call: dict[str, Any]) -> None:
 # django-q2 and Django's Tasks framework name no task running now: their worker's signals,
 # sent before and after a task runs, say so (connected by install(), see _connect_signals).
 # A stack per context: a task run inside another (a synchronous run) restores the outer one.
-_running: ContextVar[tuple[tuple[str, dict[str, Any]], ...]] = ContextVar(
+# Each entry: the framework, the fields of its task, and the task's result object (Django's
+# Tasks framework; None for django-q2), which tells a task that has ended.
+_running: ContextVar[tuple[tuple[str, dict[str, Any], Any], ...]] = ContextVar(
     "django_tasklock_running_tasks", default=()
 )
 
 
-def _push(framework: str, fields: dict[str, Any] | None) -> None:
-    _running.set((*_running.get(), (framework, fields or {})))
+def _push(framework: str, fields: dict[str, Any] | None, result: Any = None) -> None:
+    _running.set((*_running.get(), (framework, fields or {}, result)))
 
 
 def _pop(framework: str) -> None:
@@ -212,11 +214,27 @@ def _pop(framework: str) -> None:
 
 def _top(framework: str) -> dict[str, Any] | None:
     """The fields of ``framework``'s task running now, innermost; None when none does or the
-    innermost can not be sent again (pushed as empty fields)."""
-    stack = _running.get()
-    if not stack or stack[-1][0] != framework:
+    innermost can not be sent again (pushed as empty fields).
+
+    An entry whose task has ended is dropped first: its ``task_finished`` did not reach
+    us (a receiver that ran before ours raised). The immediate backend runs tasks on the
+    caller's thread, so its entry would outlive it there, and describe a later call made
+    outside any task (in a web process, the next request's) as that task.
+    """
+    stack = kept = _running.get()
+    while kept and _ended(kept[-1][2]):
+        kept = kept[:-1]
+    if kept is not stack:
+        _running.set(kept)
+    if not kept or kept[-1][0] != framework:
         return None
-    return stack[-1][1] or None
+    return kept[-1][1] or None
+
+
+def _ended(result: Any) -> bool:
+    """Whether a Django task's result says it has returned or raised (its status is set
+    so before ``task_finished``); False for an entry with no result (django-q2's)."""
+    return getattr(result, "is_finished", False) is True
 
 
 #: django-q2's task options kept when its call is sent again (each as the original had it).
@@ -277,7 +295,7 @@ def _tasks_started(sender: Any, task_result: Any, **kwargs: Any) -> None:
         "queue_name": task.queue_name,
         "priority": task.priority,
     }
-    _push("django.tasks", fields if _importable(task.module_path) else None)
+    _push("django.tasks", fields if _importable(task.module_path) else None, task_result)
 
 
 def _tasks_finished(sender: Any, **kwargs: Any) -> None:

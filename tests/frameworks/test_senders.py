@@ -20,6 +20,7 @@ from django.apps import apps
 
 from django_tasklock.api import rerun
 from django_tasklock.contrib import reruns
+from tests import jobs
 from tests.support import processes
 
 
@@ -163,3 +164,34 @@ def test_django_tasks_describes_the_task_between_its_workers_signals() -> None:
     finally:
         task_finished.send(sender=object, task_result=result)
     assert reruns.django_tasks_describe() is None
+
+
+def test_a_django_task_whose_task_finished_we_missed_is_not_described_after_it() -> None:
+    """The immediate backend runs a task on the caller's thread (a web request's). A receiver
+    of ``task_finished`` that runs before ours raises, so ours never runs: the task has
+    ended all the same, and a call made after it is described as no task's."""
+    if not jobs.HAS_DJANGO_TASKS:
+        pytest.skip("neither django.tasks nor the django-tasks backport is installed")
+    from tests.jobs import django_tasks
+
+    signals: Any = importlib.import_module(f"{jobs._tasks_package}.signals")
+    ours = f"django_tasklock.reruns.{jobs._tasks_package}.signals.finished"
+
+    def fails(sender: object, **kwargs: Any) -> None:
+        raise RuntimeError("a receiver of task_finished failed")
+
+    assert signals.task_finished.disconnect(dispatch_uid=ours)  # ready() connected it
+    signals.task_finished.connect(fails, dispatch_uid="test-fails")
+    signals.task_finished.connect(reruns._tasks_finished, dispatch_uid=ours)
+    django_tasks.described.clear()
+    try:
+        with pytest.raises(RuntimeError, match="a receiver of task_finished failed"):
+            django_tasks.describe_running.enqueue(7)
+    finally:
+        signals.task_finished.disconnect(dispatch_uid="test-fails")
+    described = django_tasks.described
+    assert [call and (call["task"], call["args"]) for call in described] == [
+        ("tests.jobs.django_tasks.describe_running", [7])
+    ]
+    assert reruns.django_tasks_describe() is None
+    assert rerun.running_call() == ""

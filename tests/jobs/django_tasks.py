@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from django_tasklock import exclusive
 from tests.jobs import hold
@@ -44,3 +45,15 @@ def _rebuild(key: str, signals: str, worker: int, n: int) -> bool:
 def rebuild(key: str, signals: str, n: int) -> None:
     """``rerun_runs.job`` of a function under ``@exclusive(..., on_locked="rerun")``."""
     rerun_runs.job(lambda f, w, m: _rebuild(key, f, w, m), signals, os.getpid(), n)
+
+
+#: What ``contrib.reruns`` described from inside each run of :func:`describe_running`.
+described: list[dict[str, Any] | None] = []
+
+
+@task()
+def describe_running(n: int) -> None:
+    """Note what ``on_locked="rerun"`` would send again, read inside the task."""
+    from django_tasklock.contrib import reruns
+
+    described.append(reruns.django_tasks_describe())
