@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import shutil
 import threading
 import time
 import uuid
@@ -77,22 +78,31 @@ class KillableCluster(PrivateCluster):
 
     def __init__(self) -> None:
         super().__init__()
-        taken = {p for port in self.ports for p in (port, port + 10000)}
-        self.proxies: dict[int, FaultProxy] = {}
+        self.proxies: dict[int, FaultProxy] = {}  # by the node's port
+        self.real: dict[int, int] = {}  # the node's port, by its proxy's
         for port in self.ports:
+            self._proxy(port)
+        self.shards: list[range] = []
+        self.masters_of: list[int] = []
+
+    def _proxy(self, port: int) -> FaultProxy:
+        """The proxy in front of the node on ``port``, started on first use: a node that
+        ``start`` moved to a new port (its own was taken meanwhile) gets one then."""
+        proxy = self.proxies.get(port)
+        if proxy is None:
+            taken = {p for node in (*self.ports, port) for p in (node, node + 10000)}
             proxy = FaultProxy(("127.0.0.1", port), lifetime=3600)
             while proxy.port in taken:  # a node's port, or its cluster bus port
                 proxy.stop()
                 proxy = FaultProxy(("127.0.0.1", port), lifetime=3600)
             self.proxies[port] = proxy.start()
-        self.real = {proxy.port: port for port, proxy in self.proxies.items()}
-        self.shards: list[range] = []
-        self.masters_of: list[int] = []
+            self.real[proxy.port] = port
+        return proxy
 
     def node_options(self, port: int) -> list[str]:
         return [
             "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
-            "--cluster-announce-port", str(self.proxies[port].port),
+            "--cluster-announce-port", str(self._proxy(port).port),
             "--cluster-announce-bus-port", str(port + 10000),
         ]  # fmt: skip
 
@@ -308,3 +318,18 @@ def test_without_it_a_failover_grants_leases_twice(
     without = kills[1]
     assert all(r.granted >= THREADS for r in without)
     assert sum(r.doubled for r in without) > 0, summary(without)
+
+
+def test_a_node_started_on_a_new_port_gets_a_proxy_of_its_own() -> None:
+    # PrivateCluster.start() moves a node whose port was taken meanwhile to a new one;
+    # its options named the proxy of the first port (KeyError before).
+    killable = KillableCluster()
+    try:
+        moved = max(killable.ports) + 1
+        options = killable.node_options(moved)
+        announced = int(options[options.index("--cluster-announce-port") + 1])
+        assert killable.real[announced] == moved
+        assert announced not in {p for node in killable.ports for p in (node, node + 10000)}
+    finally:
+        killable.stop()
+        shutil.rmtree(killable.dir, ignore_errors=True)
