@@ -24,6 +24,9 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from django_tasklock.backends.base import BaseBackend
+from django_tasklock.holders import HeldLock
+from django_tasklock.leases import ticks
+from django_tasklock.leases.lease import Lease, clock
 from django_tasklock.locking.lock import Lock
 from django_tasklock.testing import ContractBackend
 
@@ -49,6 +52,24 @@ def free(backend: BaseBackend, key: str) -> bool:
         return False
     other.release()
     return True
+
+
+def _state(lease: Lease, peeked: HeldLock | None) -> str:
+    """What a failed check says: the lease as its holder sees it, the key as the storage
+    showed it just before, and the heartbeat's latest tick (a CI run once found the key
+    free with no warning logged, the cause unknown)."""
+    now = clock()
+    tick = ticks.last_tick()
+    beat = "none"
+    if tick is not None:
+        took, ago = tick.seconds(now), now - tick.started
+        beat = f"started {ago:.2f} s ago, {took:.2f} s, {tick.leases} leases"
+    return (
+        f"declared={lease.declared} reason={lease.reason} dropped={lease.dropped}"
+        f" closed={lease.closed}; answered {now - lease.answered_at:.2f} s ago,"
+        f" valid for {lease.valid_until - now:.2f} s"
+        f"; peeked before: {peeked!r}; last tick: {beat}; unreachable: {ticks.unreachable()}"
+    )
 
 
 def warning_for(caplog: pytest.LogCaptureFixture, key: str) -> str | None:
@@ -144,7 +165,8 @@ def test_a_released_or_referenced_lock_is_not_dropped(
             for _ in range(REFRESHES):  # each refresh confirmed after a collection
                 gc.collect()
                 seen = lease.answered_at
-                assert not free(backend, key)
+                before = backend.peek(key)
+                assert not free(backend, key), _state(lease, before)
                 eventually(lambda: lease.answered_at > seen, "a refresh confirmed")  # noqa: B023
                 assert not kept[0].lost
         finally:
